@@ -1,0 +1,1 @@
+"""Hearthside's user-facing layer: the CLI now, the Qt window later. The only layer that imports Qt."""

@@ -1,0 +1,169 @@
+"""Chat in the terminal: a streaming REPL, or one answer on stdout for scripts.
+
+Ctrl-C while a reply streams stops that reply and keeps the chat; Ctrl-C or Ctrl-D at the
+prompt leaves. Status lines go to stderr so stdout carries only the model's words.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from hearthside.core.engine.config import EngineConfig, SamplingParams
+from hearthside.core.engine.engine import ChatMessage, GenerationMetrics, GenerationResult
+from hearthside.core.engine.service import EngineService, Job
+from hearthside.core.models.default_model import ensure_default_model
+from hearthside.core.models.store import ModelStore, resolve_model_path
+from hearthside.core.paths import data_dir
+
+T = TypeVar("T")
+HELP = "Commands: /new starts a new chat, /system TEXT sets the system prompt, /exit leaves."
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    model: str = "default"
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    system_prompt: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 0.7
+    seed: int | None = None
+    show_stats: bool = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed
+        )
+
+
+def status(text: str, end: str = "\n") -> None:
+    print(text, end=end, file=sys.stderr, flush=True)
+
+
+def resolve_model(ref: str) -> Path:
+    """The GGUF to load for `ref`, installing the default model on first use."""
+    store = ModelStore(data_dir())
+    if ref == "default":
+        ensure_default_model(store, progress=_install_progress)
+    return resolve_model_path(store, ref)
+
+
+def _install_progress(done_bytes: int, total_bytes: int) -> None:
+    if total_bytes and sys.stderr.isatty():
+        status(f"Installing the default model: {100 * done_bytes // total_bytes}%", end="\r")
+
+
+def engine_config_for(
+    model_ref: str, n_ctx: int, n_threads: int | None, n_threads_batch: int | None
+) -> EngineConfig:
+    return EngineConfig(
+        model_path=str(resolve_model(model_ref)),
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        n_threads_batch=n_threads_batch,
+    )
+
+
+def _start_service(options: ChatOptions) -> EngineService:
+    config = engine_config_for(options.model, options.n_ctx, options.n_threads, options.n_threads_batch)
+    service = EngineService().start()
+    status(f"Loading {Path(config.model_path).name} …")
+    service.load(config).result()
+    return service
+
+
+def _write_reply_piece(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _wait(job: Job[T]) -> T:
+    """Wait for `job`; Ctrl-C cancels it (within one token) and the partial reply is kept."""
+    try:
+        while not job.done():
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        job.cancel()
+    return job.result()
+
+
+def _describe(metrics: GenerationMetrics) -> str:
+    parts = [f"{metrics.completion_tokens} tokens"]
+    if metrics.decode_tok_s:
+        parts.append(f"{metrics.decode_tok_s:.1f} tok/s")
+    if metrics.ttft_s is not None:
+        parts.append(f"first token {metrics.ttft_s:.2f} s")
+    parts.append(f"{metrics.prompt_tokens_evaluated}/{metrics.prompt_tokens} prompt tokens evaluated")
+    if metrics.stop_reason == "cancelled":
+        parts.append("stopped")
+    return "[" + " · ".join(parts) + "]"
+
+
+def _ask(service: EngineService, history: list[ChatMessage], options: ChatOptions) -> GenerationResult:
+    job = service.chat(history, options.sampling(), on_text=_write_reply_piece)
+    result = _wait(job)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return result
+
+
+def _opening_messages(options: ChatOptions) -> list[ChatMessage]:
+    if options.system_prompt:
+        return [ChatMessage("system", options.system_prompt)]
+    return []
+
+
+def run_one_prompt(options: ChatOptions, prompt: str) -> int:
+    service = _start_service(options)
+    try:
+        history = [*_opening_messages(options), ChatMessage("user", prompt)]
+        result = _ask(service, history, options)
+        if options.show_stats:
+            status(_describe(result.metrics))
+        return 130 if result.metrics.stop_reason == "cancelled" else 0
+    finally:
+        service.stop()
+
+
+def run_repl(options: ChatOptions) -> int:
+    service = _start_service(options)
+    status(f"Chatting with {Path(service.loaded_config.model_path).name}. {HELP}")  # type: ignore[union-attr]
+    history = _opening_messages(options)
+    try:
+        while True:
+            try:
+                line = input("\nyou> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                status("\nBye.")
+                return 0
+            if not line:
+                continue
+            if line.startswith("/"):
+                if line == "/exit":
+                    return 0
+                history = _apply_command(line, history)
+                continue
+            history.append(ChatMessage("user", line))
+            result = _ask(service, history, options)
+            history.append(ChatMessage("assistant", result.text))
+            if options.show_stats or result.metrics.stop_reason == "cancelled":
+                status(_describe(result.metrics))
+    finally:
+        service.stop()
+
+
+def _apply_command(line: str, history: list[ChatMessage]) -> list[ChatMessage]:
+    command, _, argument = line.partition(" ")
+    if command == "/new":
+        status("New chat.")
+        return [m for m in history if m.role == "system"]
+    if command == "/system":
+        status("System prompt set for a new chat." if argument else "System prompt cleared.")
+        return [ChatMessage("system", argument)] if argument else []
+    status(HELP)
+    return history

@@ -1,0 +1,1 @@
+"""Data files shipped with Hearthside: licence notices, catalogs, recipes."""

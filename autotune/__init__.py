@@ -1,0 +1,1 @@
+"""Planner, cost model, tuner and the autotune database (see docs/architecture.md)."""

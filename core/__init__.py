@@ -1,0 +1,1 @@
+"""Hearthside core: probe, models, engine, server and history. Never imports Qt."""

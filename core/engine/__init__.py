@@ -1,0 +1,1 @@
+"""The inference engine (llama.cpp through llama-cpp-python) and the one thread that drives it."""

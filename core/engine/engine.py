@@ -1,0 +1,430 @@
+"""`Engine`: one loaded model in llama.cpp, streaming chat replies with metrics.
+
+Only `EngineService`'s worker thread calls an Engine (see service.py). The engine keeps the
+KV cache of the last generation, so the next turn of the same conversation evaluates only
+the tokens it adds.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from hearthside.core.engine.config import EngineConfig, SamplingParams
+from hearthside.core.engine.stops import StopMatcher
+from hearthside.core.engine.templates import ChatTemplate
+from hearthside.core.errors import (
+    ContextOverflowError,
+    EngineError,
+    EngineLoadError,
+    ModelFileError,
+)
+from hearthside.core.models.gguf_validator import validate_gguf
+
+MIN_ENGINE_VERSION = (0, 3, 36)
+TextCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+    def as_template_input(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class GenerationMetrics:
+    """What one generation cost. Rates are None when there was nothing to time."""
+
+    prompt_tokens: int
+    prompt_tokens_evaluated: int  # prompt tokens not served from the KV cache
+    completion_tokens: int
+    ttft_s: float | None
+    prompt_tok_s: float | None
+    decode_tok_s: float | None
+    total_s: float
+    stop_reason: str  # "eos" | "stop" | "length" | "context_full" | "cancelled"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    metrics: GenerationMetrics
+
+
+def engine_version() -> tuple[int, ...]:
+    return tuple(int(part) for part in llama_cpp.__version__.split(".")[:3] if part.isdigit())
+
+
+def check_engine_version() -> None:
+    """Refuse an engine older than the one whose GGUF parser fixes we rely on."""
+    if engine_version() < MIN_ENGINE_VERSION:
+        wanted = ".".join(map(str, MIN_ENGINE_VERSION))
+        raise EngineLoadError(
+            f"The installed llama-cpp-python {llama_cpp.__version__} is older than {wanted}.",
+            hint="Run the setup command from the README again to update it.",
+        )
+
+
+class _AbortSwitch:
+    """Lets a cancel event interrupt llama_decode mid-batch (a long prompt takes seconds).
+
+    Armed only while a prompt is evaluated: ggml calls the callback once per graph node, and
+    a Python callback per node would cost decode speed.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        self._event: threading.Event | None = None
+        self._callback = llama_cpp.ggml_abort_callback(self._should_abort)
+        self._null = llama_cpp.ggml_abort_callback()
+
+    def _should_abort(self, _data: Any) -> bool:
+        return self._event is not None and self._event.is_set()
+
+    def arm(self, event: threading.Event) -> None:
+        self._event = event
+        llama_cpp.llama_set_abort_callback(self._ctx, self._callback, None)
+
+    def disarm(self) -> None:
+        llama_cpp.llama_set_abort_callback(self._ctx, self._null, None)
+        self._event = None
+
+
+class Engine:
+    """A model loaded with an `EngineConfig`."""
+
+    def __init__(self, config: EngineConfig, *, verbose: bool = False) -> None:
+        check_engine_version()
+        self.config = config
+        self.model_path = Path(config.model_path)
+        self.model_info = validate_gguf(self.model_path)
+        self._llama = _load_llama(config, verbose=verbose)
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
+        self._abort = _AbortSwitch(self._llama.ctx)
+        self.chat_template = self._make_chat_template()
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self._llama.n_ctx())
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self._llama.n_vocab())
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens whose keys and values sit in the KV cache right now."""
+        return int(self._llama.n_tokens)
+
+    def close(self) -> None:
+        self._llama.close()
+
+    def clear_cache(self) -> None:
+        """Forget the KV cache, so the next generation evaluates its whole prompt."""
+        self._llama.reset()
+
+    # ---- prompts ---------------------------------------------------------------------------
+
+    def render_chat(self, messages: Sequence[ChatMessage]) -> str:
+        return self.chat_template.render([m.as_template_input() for m in messages])
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Tokens for `text`; special tokens written in it (e.g. `<start_of_turn>`) count."""
+        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True))
+
+    def tokenize_prompt(self, prompt: str) -> list[int]:
+        """Tokens for a rendered chat prompt, adding BOS only when the template did not."""
+        bos_text = self.chat_template.bos_token
+        wants_bos = self._llama._model.add_bos_token()
+        add_bos = wants_bos and not (bos_text and prompt.startswith(bos_text))
+        return self.tokenize(prompt, add_bos=add_bos)
+
+    def token_text(self, token: int) -> bytes:
+        """The bytes one token stands for (control tokens give b"")."""
+        buffer = ctypes.create_string_buffer(64)
+        length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
+        if length < 0:  # the piece is longer than the buffer: -length is the size needed
+            buffer = ctypes.create_string_buffer(-length)
+            length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -length, 0, False)
+        return buffer.raw[:length]
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # ---- generation ------------------------------------------------------------------------
+
+    def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        sampling: SamplingParams,
+        *,
+        on_text: TextCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> GenerationResult:
+        """Stream the assistant's reply to `messages`; `on_text` gets each new piece of text."""
+        started = time.perf_counter()
+        prompt_tokens = self.tokenize_prompt(self.render_chat(messages))
+        format_stops = self.chat_template.stop_sequences
+        if format_stops:
+            sampling = dataclasses.replace(sampling, stop=sampling.stop + format_stops)
+        return self.generate(
+            prompt_tokens, sampling, on_text=on_text, cancel=cancel, started=started
+        )
+
+    def generate(
+        self,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        on_text: TextCallback | None = None,
+        cancel: threading.Event | None = None,
+        started: float | None = None,
+    ) -> GenerationResult:
+        """Continue `prompt_tokens`, reusing whatever prefix of them the KV cache holds."""
+        started = time.perf_counter() if started is None else started
+        self._check_prompt_fits(len(prompt_tokens), sampling)
+        cancel = cancel or threading.Event()
+        reused = self._reuse_cached_prefix(prompt_tokens)
+        run = _GenerationRun(self, sampling, started, len(prompt_tokens), reused)
+        with self._armed_abort(cancel):
+            text = run.stream(self._token_stream(prompt_tokens, sampling), on_text, cancel)
+        return GenerationResult(text=text, metrics=run.metrics())
+
+    def _check_prompt_fits(self, n_prompt: int, sampling: SamplingParams) -> None:
+        if n_prompt == 0:
+            raise EngineError("The prompt is empty.")
+        if n_prompt >= self.n_ctx:
+            raise ContextOverflowError(
+                f"The conversation is {n_prompt} tokens long, but this model is loaded with a "
+                f"context of {self.n_ctx} tokens.",
+                hint="Start a new chat, shorten the message, or load the model with a larger "
+                "context.",
+            )
+
+    def _reuse_cached_prefix(self, prompt_tokens: Sequence[int]) -> int:
+        """Drop the cache past the longest prefix shared with `prompt_tokens`; keep the rest.
+
+        At least the last prompt token is always evaluated, so there are logits to sample from.
+        """
+        llama = self._llama
+        cached = llama.input_ids[: llama.n_tokens]
+        shared = 0
+        limit = min(len(cached), len(prompt_tokens) - 1)
+        while shared < limit and cached[shared] == prompt_tokens[shared]:
+            shared += 1
+        memory = llama_cpp.llama_get_memory(llama.ctx)
+        if shared == 0 or not llama_cpp.llama_memory_seq_rm(memory, 0, shared, -1):
+            llama.reset()
+            return 0
+        llama.n_tokens = shared
+        return shared
+
+    def _token_stream(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> Iterator[int]:
+        if sampling.seed is not None:
+            self._llama.set_seed(sampling.seed)
+        return self._llama.generate(
+            list(prompt_tokens),
+            temp=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            min_p=sampling.min_p,
+            repeat_penalty=sampling.repeat_penalty,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            reset=True,
+        )
+
+    @contextlib.contextmanager
+    def _armed_abort(self, cancel: threading.Event) -> Iterator[None]:
+        self._abort.arm(cancel)
+        try:
+            yield
+        finally:
+            self._abort.disarm()
+
+    def prompt_evaluated(self) -> None:
+        """Called once the prompt is in the cache: stop paying for the abort callback."""
+        self._abort.disarm()
+
+    # ---- raw measurements (for `hearthside bench`) ---------------------------------------
+
+    def time_prefill(self, tokens: Sequence[int]) -> float:
+        """Seconds to evaluate `tokens` into an empty cache."""
+        self._llama.reset()
+        start = time.perf_counter()
+        self._llama.eval(list(tokens))
+        return time.perf_counter() - start
+
+    def time_decode(self, tokens: Sequence[int]) -> float:
+        """Seconds to evaluate `tokens` one at a time after a single start token."""
+        self._llama.reset()
+        self._llama.eval(list(tokens[:1]))
+        start = time.perf_counter()
+        for token in tokens[1:]:
+            self._llama.eval([token])
+        return time.perf_counter() - start
+
+    def _make_chat_template(self) -> ChatTemplate:
+        bos = self._llama.token_bos()
+        eos = self._llama.token_eos()
+        return ChatTemplate(
+            self.model_info.chat_template,
+            bos_token=self.token_text_special(bos) if bos >= 0 else "",
+            eos_token=self.token_text_special(eos) if eos >= 0 else "",
+        )
+
+    def token_text_special(self, token: int) -> str:
+        return self._llama._model.token_get_text(token)
+
+
+class _GenerationRun:
+    """The bookkeeping of one generation: text assembly, stops, limits and timings."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sampling: SamplingParams,
+        started: float,
+        n_prompt: int,
+        reused: int,
+    ) -> None:
+        self.engine = engine
+        self.sampling = sampling
+        self.started = started
+        self.n_prompt = n_prompt
+        self.reused = reused
+        self.prefill_started = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.completion_tokens = 0
+        self.stop_reason = "eos"
+
+    def stream(
+        self, tokens: Iterator[int], on_text: TextCallback | None, cancel: threading.Event
+    ) -> str:
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        stops = StopMatcher(self.sampling.stop)
+        emitted: list[str] = []
+
+        def emit(piece: str) -> None:
+            if piece:
+                emitted.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+
+        try:
+            for token in self._until_limits(tokens, cancel):
+                piece, stopped = stops.feed(decoder.decode(self.engine.token_text(token)))
+                emit(piece)
+                if stopped:
+                    self.stop_reason = "stop"
+                    break
+        finally:
+            if hasattr(tokens, "close"):
+                tokens.close()
+        if self.stop_reason != "stop":
+            emit(stops.flush(decoder.decode(b"", final=True)))
+        return "".join(emitted)
+
+    def _until_limits(self, tokens: Iterator[int], cancel: threading.Event) -> Iterator[int]:
+        """The generated tokens, up to EOS, max_tokens, a full context or cancellation."""
+        max_tokens = self.sampling.max_tokens
+        n_ctx = self.engine.n_ctx
+        try:
+            for token in tokens:
+                self._note_token()
+                if self.engine.is_end_of_generation(token):
+                    self.stop_reason = "eos"
+                    return
+                self.completion_tokens += 1
+                yield token
+                if cancel.is_set():
+                    self.stop_reason = "cancelled"
+                    return
+                if max_tokens is not None and self.completion_tokens >= max_tokens:
+                    self.stop_reason = "length"
+                    return
+                if self.n_prompt + self.completion_tokens >= n_ctx:
+                    self.stop_reason = "context_full"
+                    return
+        except RuntimeError as exc:  # llama_decode failed; an abort shows up the same way
+            if cancel.is_set():
+                self.stop_reason = "cancelled"
+                return
+            raise EngineError(
+                "llama.cpp failed while generating the reply.",
+                hint="Try again; if it keeps failing, reload the model with a smaller context.",
+            ) from exc
+
+    def _note_token(self) -> None:
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            self.engine.prompt_evaluated()
+        self.last_token_at = now
+
+    def metrics(self) -> GenerationMetrics:
+        ended = time.perf_counter()
+        evaluated = self.n_prompt - self.reused
+        ttft = prompt_rate = decode_rate = None
+        if self.first_token_at is not None:
+            ttft = self.first_token_at - self.started
+            prefill_s = self.first_token_at - self.prefill_started
+            prompt_rate = evaluated / prefill_s if prefill_s > 0 else None
+        if self.first_token_at is not None and self.last_token_at is not None:
+            decode_s = self.last_token_at - self.first_token_at
+            steps = self._decode_steps()
+            decode_rate = steps / decode_s if decode_s > 0 and steps > 0 else None
+        return GenerationMetrics(
+            prompt_tokens=self.n_prompt,
+            prompt_tokens_evaluated=evaluated,
+            completion_tokens=self.completion_tokens,
+            ttft_s=ttft,
+            prompt_tok_s=prompt_rate,
+            decode_tok_s=decode_rate,
+            total_s=ended - self.started,
+            stop_reason=self.stop_reason,
+        )
+
+    def _decode_steps(self) -> int:
+        """Tokens sampled after the first one (the EOS token, when seen, was one of them)."""
+        sampled = self.completion_tokens + (1 if self.stop_reason == "eos" else 0)
+        return sampled - 1
+
+
+def _load_llama(config: EngineConfig, *, verbose: bool) -> llama_cpp.Llama:
+    kwargs = config.llama_kwargs()
+    if config.speculative.mode == "prompt_lookup":
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        kwargs["draft_model"] = LlamaPromptLookupDecoding(
+            max_ngram_size=config.speculative.ngram_size,
+            num_pred_tokens=config.speculative.draft_tokens,
+        )
+    if not Path(config.model_path).is_file():
+        raise ModelFileError(f"There is no model file at {Path(config.model_path).name}.")
+    try:
+        return llama_cpp.Llama(**kwargs, verbose=verbose)
+    except (ValueError, RuntimeError) as exc:
+        raise EngineLoadError(
+            f"llama.cpp could not load {Path(config.model_path).name} with a context of "
+            f"{config.n_ctx} tokens and {config.n_gpu_layers} GPU layers.",
+            hint="If memory is short, try a smaller context or fewer GPU layers; if the file "
+            "is damaged, download or copy it again.",
+        ) from exc

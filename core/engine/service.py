@@ -1,0 +1,176 @@
+"""`EngineService`: the one thread that owns the engine, fed by a bounded FIFO queue of jobs.
+
+The CLI, the window and the API all submit jobs here; nobody else touches a `Llama`. Every
+job has its own cancel event, checked between tokens (and inside long prompt evaluations),
+so cancelling one reply never disturbs another. A full queue refuses new work at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from hearthside.core.engine.config import EngineConfig, SamplingParams
+from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, TextCallback
+from hearthside.core.errors import EngineError, JobCancelledError, QueueFullError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+DEFAULT_MAX_QUEUE = 8
+EngineFactory = Callable[[EngineConfig], Engine]
+
+
+@dataclass
+class Job(Generic[T]):
+    """Work to run on the engine thread: `run(engine, cancel)` returns the job's result."""
+
+    run: Callable[[Engine | None, threading.Event], T]
+    description: str = "job"
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    future: Future[T] = field(default_factory=Future)
+
+    def cancel(self) -> None:
+        """Stop this job: before it starts, or between two tokens while it runs."""
+        self.cancel_event.set()
+
+    def result(self, timeout: float | None = None) -> T:
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
+class EngineService:
+    """Runs jobs one at a time on a dedicated thread that owns the loaded Engine."""
+
+    def __init__(
+        self,
+        *,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        engine_factory: EngineFactory = Engine,
+    ) -> None:
+        self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
+        self._engine_factory = engine_factory
+        self._engine: Engine | None = None
+        self._thread = threading.Thread(target=self._work, name="hearthside-engine", daemon=True)
+        self._started = False
+        self._stopping = False
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> EngineService:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Cancel queued jobs, let the running one stop, unload the model, end the thread."""
+        if not self._started or self._stopping:
+            return
+        self._stopping = True
+        self._cancel_queued()
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> EngineService:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def loaded_config(self) -> EngineConfig | None:
+        engine = self._engine
+        return engine.config if engine is not None else None
+
+    # ---- submitting work ---------------------------------------------------------------
+
+    def submit(self, job: Job[T]) -> Job[T]:
+        """Queue `job`; raises QueueFullError at once when the queue is full."""
+        if self._stopping or not self._started:
+            raise EngineError("The engine is not running.")
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFullError(
+                "Hearthside is busy with other requests.", hint="Try again in a few seconds."
+            ) from None
+        return job
+
+    def load(self, config: EngineConfig) -> Job[EngineConfig]:
+        """Load the model in `config`, replacing the current one (unloaded first, to free memory)."""
+
+        def run(_engine: Engine | None, _cancel: threading.Event) -> EngineConfig:
+            self._unload()
+            self._engine = self._engine_factory(config)
+            return config
+
+        return self.submit(Job(run, description=f"load {config.model_path}"))
+
+    def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        sampling: SamplingParams,
+        on_text: TextCallback | None = None,
+    ) -> Job[GenerationResult]:
+        """Queue a chat reply; `on_text` is called on the engine thread with each new piece."""
+        history = list(messages)
+
+        def run(engine: Engine | None, cancel: threading.Event) -> GenerationResult:
+            return _require(engine).chat(history, sampling, on_text=on_text, cancel=cancel)
+
+        return self.submit(Job(run, description="chat"))
+
+    def call(self, fn: Callable[[Engine], T], description: str = "call") -> Job[T]:
+        """Queue any function of the loaded engine (benchmarks, tokenizing)."""
+        return self.submit(Job(lambda engine, _cancel: fn(_require(engine)), description))
+
+    # ---- the worker thread -------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                break
+            self._run(job)
+        self._unload()
+
+    def _run(self, job: Job[Any]) -> None:
+        if job.cancel_event.is_set():
+            job.future.set_exception(JobCancelledError("The request was cancelled."))
+            return
+        if not job.future.set_running_or_notify_cancel():
+            return
+        try:
+            job.future.set_result(job.run(self._engine, job.cancel_event))
+        except BaseException as exc:  # the worker must survive whatever one job raises
+            if not isinstance(exc, EngineError):
+                log.exception("engine job %s failed", job.description)
+            job.future.set_exception(exc)
+
+    def _cancel_queued(self) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.cancel()
+                job.future.set_exception(JobCancelledError("Hearthside is shutting down."))
+
+    def _unload(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+
+def _require(engine: Engine | None) -> Engine:
+    if engine is None:
+        raise EngineError("No model is loaded.", hint="Load a model first.")
+    return engine

@@ -1,0 +1,54 @@
+"""The typed errors every layer raises and every edge (CLI, GUI, API) shows.
+
+Each error carries a plain message for the user and, where there is one, the next thing to
+try. Messages never contain tracebacks or keys.
+"""
+
+from __future__ import annotations
+
+
+class HearthsideError(Exception):
+    """Base of every error Hearthside shows to a user."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def user_text(self) -> str:
+        """The message followed by what to do next, for a terminal or a dialog."""
+        if self.hint:
+            return f"{self.message}\n{self.hint}"
+        return self.message
+
+
+class ModelFileError(HearthsideError):
+    """A model file is missing, unreadable or malformed."""
+
+
+class ModelStoreError(HearthsideError):
+    """The model registry cannot do what was asked (unknown id, duplicate, disk full...)."""
+
+
+class EngineError(HearthsideError):
+    """Base of errors raised by the inference engine."""
+
+
+class EngineLoadError(EngineError):
+    """The engine could not load a model (out of memory, unsupported file, bad settings)."""
+
+
+class ContextOverflowError(EngineError):
+    """The prompt (plus the requested reply) does not fit in the context window."""
+
+
+class TemplateError(EngineError):
+    """The model's chat template failed, was too slow or produced too much text."""
+
+
+class QueueFullError(EngineError):
+    """The engine's job queue is full; try again shortly."""
+
+
+class JobCancelledError(EngineError):
+    """A job was cancelled before it started."""

@@ -1,0 +1,1 @@
+"""Model files: validation, specs and the model store."""

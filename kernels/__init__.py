@@ -1,0 +1,1 @@
+"""Calibration micro-benchmarks that measure what this machine really delivers."""

@@ -1,0 +1,94 @@
+"""The `hearthside` command as a user runs it: real processes, the real default model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "hearthside.app.cli"]
+
+
+def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("hearthside ")
+
+
+def test_one_prompt_on_the_default_model_prints_a_sensible_answer() -> None:
+    # No --model: the default model is installed into the empty data dir on first use.
+    result = run_cli("chat", "--prompt", "Name a colour.", "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    colours = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink")
+    assert any(colour in result.stdout.lower() for colour in colours), result.stdout
+    assert "Loading" not in result.stdout  # status goes to stderr; stdout is the answer only
+
+
+def test_bench_json_reports_medians(default_model_file: Path) -> None:
+    result = run_cli(
+        "bench", "--model", str(default_model_file), "--json",
+        "-p", "64", "-n", "16", "-r", "3", "--warmup-s", "0.2", "--ctx", "256",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    tests = {entry["test"]: entry for entry in report["results"]}
+    assert set(tests) == {"pp64", "tg16"}
+    for entry in tests.values():
+        assert entry["median_tok_s"] > 0 and len(entry["samples_tok_s"]) == 3
+    assert report["config"]["n_ctx"] == 256
+
+
+def test_unknown_model_is_a_clear_error_not_a_traceback() -> None:
+    result = run_cli("chat", "--model", "no-such-model", "--prompt", "hi")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_ctrl_c_stops_the_reply_but_not_the_chat(default_model_file: Path) -> None:
+    chat = subprocess.Popen(
+        [*CLI, "chat", "--model", str(default_model_file), "--temperature", "0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    assert chat.stdin is not None and chat.stdout is not None
+    chat.stdin.write("Write a very long story about a dragon.\n")
+    chat.stdin.flush()
+    os.set_blocking(chat.stdout.fileno(), False)
+    seen = ""
+    deadline = time.monotonic() + 60
+    while len(seen.split()) < 8 and time.monotonic() < deadline:
+        seen += chat.stdout.read() or ""
+        time.sleep(0.05)
+    assert len(seen.split()) >= 8, "the reply never started streaming"
+    chat.send_signal(signal.SIGINT)
+    chat.stdin.write("Name a colour.\n/exit\n")
+    chat.stdin.flush()
+    try:
+        _, stderr = chat.communicate(timeout=60)
+    finally:
+        chat.kill()
+    assert chat.returncode == 0, stderr
+    assert "stopped" in stderr
+
+
+@pytest.mark.parametrize("argv", [["chat", "--ctx", "zero"], ["nonsense"]])
+def test_bad_arguments_exit_with_usage(argv: list[str]) -> None:
+    result = run_cli(*argv)
+    assert result.returncode == 2
+    assert "usage:" in result.stderr
