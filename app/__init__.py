@@ -1,1 +1,4 @@
-"""Hearthside's user-facing layer: the CLI now, the Qt window later. The only layer that imports Qt."""
+"""Hearthside's user-facing layer: the CLI now, the Qt window later.
+
+The only layer that may import Qt.
+"""

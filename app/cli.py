@@ -7,11 +7,13 @@ import json
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from hearthside.app.models_cli import add_models_parser
 from hearthside.app.terminal_chat import (
     ChatOptions,
     engine_config_for,
+    progress_line,
     run_one_prompt,
     run_repl,
     status,
@@ -101,7 +103,7 @@ def _run_chat(args: argparse.Namespace) -> int:
 
 def _run_bench(args: argparse.Namespace) -> int:
     config = engine_config_for(args.model, args.ctx, args.threads, args.batch_threads)
-    status(f"Loading {config.model_path} …")
+    status(f"Loading {Path(config.model_path).name} …")
     engine = Engine(config)
     try:
         report = run_bench(
@@ -110,11 +112,11 @@ def _run_bench(args: argparse.Namespace) -> int:
             n_gen=args.n_gen,
             repetitions=args.repetitions,
             warmup_s=args.warmup_s,
-            progress=lambda test, done, total: status(f"{test}: {done}/{total}", end="\r"),
+            progress=lambda test, done, total: progress_line(f"{test}: run {done} of {total}"),
         )
     finally:
         engine.close()
-    status("")
+    progress_line("")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -45,17 +45,23 @@ def status(text: str, end: str = "\n") -> None:
     print(text, end=end, file=sys.stderr, flush=True)
 
 
+def progress_line(text: str) -> None:
+    """A line that rewrites itself on a terminal; nothing at all when stderr is a file."""
+    if sys.stderr.isatty():
+        status(f"\r{text}\033[K", end="")
+
+
 def resolve_model(ref: str) -> Path:
     """The GGUF to load for `ref`, installing the default model on first use."""
-    store = ModelStore(data_dir())
-    if ref == "default":
-        ensure_default_model(store, progress=_install_progress)
-    return resolve_model_path(store, ref)
+    with ModelStore(data_dir()) as store:
+        if ref == "default" and store.default() is None:
+            ensure_default_model(store, progress=_install_progress)
+        return resolve_model_path(store, ref)
 
 
 def _install_progress(done_bytes: int, total_bytes: int) -> None:
-    if total_bytes and sys.stderr.isatty():
-        status(f"Installing the default model: {100 * done_bytes // total_bytes}%", end="\r")
+    if total_bytes:
+        progress_line(f"Installing the default model: {100 * done_bytes // total_bytes}%")
 
 
 def engine_config_for(
@@ -70,7 +76,9 @@ def engine_config_for(
 
 
 def _start_service(options: ChatOptions) -> EngineService:
-    config = engine_config_for(options.model, options.n_ctx, options.n_threads, options.n_threads_batch)
+    config = engine_config_for(
+        options.model, options.n_ctx, options.n_threads, options.n_threads_batch
+    )
     service = EngineService().start()
     status(f"Loading {Path(config.model_path).name} …")
     service.load(config).result()
@@ -98,13 +106,17 @@ def _describe(metrics: GenerationMetrics) -> str:
         parts.append(f"{metrics.decode_tok_s:.1f} tok/s")
     if metrics.ttft_s is not None:
         parts.append(f"first token {metrics.ttft_s:.2f} s")
-    parts.append(f"{metrics.prompt_tokens_evaluated}/{metrics.prompt_tokens} prompt tokens evaluated")
+    parts.append(
+        f"{metrics.prompt_tokens_evaluated}/{metrics.prompt_tokens} prompt tokens evaluated"
+    )
     if metrics.stop_reason == "cancelled":
         parts.append("stopped")
     return "[" + " · ".join(parts) + "]"
 
 
-def _ask(service: EngineService, history: list[ChatMessage], options: ChatOptions) -> GenerationResult:
+def _ask(
+    service: EngineService, history: list[ChatMessage], options: ChatOptions
+) -> GenerationResult:
     job = service.chat(history, options.sampling(), on_text=_write_reply_piece)
     result = _wait(job)
     sys.stdout.write("\n")

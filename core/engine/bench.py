@@ -57,9 +57,10 @@ def run_bench(
     progress: ProgressCallback | None = None,
 ) -> BenchReport:
     """Measure ppN and tgN on `engine`, `repetitions` times each after a timed warm-up."""
-    if max(n_prompt, n_gen) >= engine.n_ctx:
+    needed = max(n_prompt, n_gen + 1)
+    if needed > engine.n_ctx:
         raise ContextOverflowError(
-            f"The benchmark needs {max(n_prompt, n_gen)} tokens of context; "
+            f"The benchmark needs {needed} tokens of context; "
             f"the model is loaded with {engine.n_ctx}.",
             hint="Pass a larger --ctx or smaller -p/-n.",
         )
@@ -85,9 +86,18 @@ def run_bench(
         engine_version=".".join(map(str, engine_version())),
         repetitions=repetitions,
         warmup_s=warmup_s,
-        config=engine.config.to_dict(),
+        config=_config_as_run(engine),
         results=tuple(results),
     )
+
+
+def _config_as_run(engine: Engine) -> dict[str, Any]:
+    """The engine settings with defaults resolved (thread counts, the padded context)."""
+    config = engine.config.to_dict()
+    config["n_threads"] = engine.config.decode_threads
+    config["n_threads_batch"] = engine.config.batch_threads
+    config["n_ctx"] = engine.n_ctx
+    return config
 
 
 def _warm_up(measure: Callable[[], float], budget_s: float) -> None:

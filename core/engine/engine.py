@@ -20,6 +20,7 @@ from typing import Any
 
 import llama_cpp
 
+from hearthside.core.engine import native_log
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.stops import StopMatcher
 from hearthside.core.engine.templates import ChatTemplate
@@ -27,7 +28,6 @@ from hearthside.core.errors import (
     ContextOverflowError,
     EngineError,
     EngineLoadError,
-    ModelFileError,
 )
 from hearthside.core.models.gguf_validator import validate_gguf
 
@@ -118,6 +118,11 @@ class Engine:
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         self._abort = _AbortSwitch(self._llama.ctx)
         self.chat_template = self._make_chat_template()
+
+    @property
+    def llama(self) -> llama_cpp.Llama:
+        """The underlying Llama, for diagnostics and benchmarks run as engine jobs."""
+        return self._llama
 
     @property
     def n_ctx(self) -> int:
@@ -235,7 +240,9 @@ class Engine:
         llama.n_tokens = shared
         return shared
 
-    def _token_stream(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> Iterator[int]:
+    def _token_stream(
+        self, prompt_tokens: Sequence[int], sampling: SamplingParams
+    ) -> Iterator[int]:
         if sampling.seed is not None:
             self._llama.set_seed(sampling.seed)
         return self._llama.generate(
@@ -417,14 +424,16 @@ def _load_llama(config: EngineConfig, *, verbose: bool) -> llama_cpp.Llama:
             max_ngram_size=config.speculative.ngram_size,
             num_pred_tokens=config.speculative.draft_tokens,
         )
-    if not Path(config.model_path).is_file():
-        raise ModelFileError(f"There is no model file at {Path(config.model_path).name}.")
+    native_log.install()
+    native_log.forget()
     try:
         return llama_cpp.Llama(**kwargs, verbose=verbose)
     except (ValueError, RuntimeError) as exc:
+        reason = native_log.last_failure_line()
         raise EngineLoadError(
             f"llama.cpp could not load {Path(config.model_path).name} with a context of "
-            f"{config.n_ctx} tokens and {config.n_gpu_layers} GPU layers.",
+            f"{config.n_ctx} tokens and {config.n_gpu_layers} GPU layers"
+            + (f" ({reason})." if reason else "."),
             hint="If memory is short, try a smaller context or fewer GPU layers; if the file "
             "is damaged, download or copy it again.",
         ) from exc

@@ -104,7 +104,7 @@ class EngineService:
         return job
 
     def load(self, config: EngineConfig) -> Job[EngineConfig]:
-        """Load the model in `config`, replacing the current one (unloaded first, to free memory)."""
+        """Load `config`'s model in place of the current one, which is unloaded first."""
 
         def run(_engine: Engine | None, _cancel: threading.Event) -> EngineConfig:
             self._unload()

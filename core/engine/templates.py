@@ -122,7 +122,8 @@ class ChatTemplate:
                 return self._render_capped(variables)
         except _TemplateTimeout as exc:
             raise TemplateError(
-                f"The model's chat template took longer than {self.time_limit_s:g} s and was stopped."
+                f"The model's chat template ran longer than {self.time_limit_s:g} s; "
+                "it was stopped."
             ) from exc
         except TemplateError:
             raise

