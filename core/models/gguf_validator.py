@@ -103,13 +103,13 @@ _SCALAR_STRUCTS: Final[Mapping[int, struct.Struct]] = {
     value_type: struct.Struct("<" + code) for value_type, code in _SCALAR_FORMATS.items()
 }
 
-# llama.cpp include/llama.h `enum llama_ftype`; the gaps are ids llama.cpp has removed.
 # ggml type id -> (name, values per block, bytes per block), for the types this gguf knows.
 _GGML_TYPES: Final[Mapping[int, tuple[str, int, int]]] = {
     int(quant_type): (quant_type.name, block_size, type_bytes)
     for quant_type, (block_size, type_bytes) in GGML_QUANT_SIZES.items()
 }
 
+# llama.cpp include/llama.h `enum llama_ftype`; the gaps are ids llama.cpp has removed.
 _LLAMA_FTYPE_NAMES: Final[Mapping[int, str]] = {
     0: "F32",
     1: "F16",

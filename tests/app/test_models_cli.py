@@ -16,7 +16,7 @@ from hearthside.app.models_cli import _ProgressLine, add_models_parser
 from hearthside.core.models.default_model import DEFAULT_MODEL_ID, licence_notice
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
-from tests.core.models.test_store import write_tiny_gguf
+from tests.gguf_samples import write_tiny_gguf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

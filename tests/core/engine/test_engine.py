@@ -11,7 +11,8 @@ import pytest
 
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine
-from hearthside.core.errors import ContextOverflowError, ModelFileError
+from hearthside.core.errors import ContextOverflowError, EngineLoadError, ModelFileError
+from tests.gguf_samples import write_tiny_gguf
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48)
 COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink")
@@ -153,3 +154,31 @@ def test_corrupt_file_is_refused_before_native_load(tmp_path: Path) -> None:
 def test_missing_file_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError):
         Engine(EngineConfig(model_path=str(tmp_path / "nowhere.gguf")))
+
+
+def test_an_engine_older_than_the_floor_is_refused(
+    monkeypatch: pytest.MonkeyPatch, default_model_file: Path
+) -> None:
+    import llama_cpp
+
+    monkeypatch.setattr(llama_cpp, "__version__", "0.3.35")
+    with pytest.raises(EngineLoadError, match="older than 0.3.36") as error:
+        Engine(EngineConfig(model_path=str(default_model_file)))
+    assert "setup command" in (error.value.hint or "")
+
+
+def test_a_file_llama_cpp_refuses_is_a_typed_load_error(tmp_path: Path) -> None:
+    # Structurally valid (the validator passes it) but without the model's hyperparameters.
+    refused = write_tiny_gguf(tmp_path / "no-hparams.gguf")
+    with pytest.raises(EngineLoadError) as error:
+        Engine(EngineConfig(model_path=str(refused)))
+    assert "could not load no-hparams.gguf" in error.value.message
+    assert error.value.hint
+
+
+def test_out_of_memory_at_load_says_what_failed(default_model_file: Path) -> None:
+    # Ten million tokens of KV cache is ~180 GB for this model: the allocation must fail.
+    with pytest.raises(EngineLoadError) as error:
+        Engine(EngineConfig(model_path=str(default_model_file), n_ctx=10_000_000))
+    assert "allocate" in error.value.message
+    assert "smaller context" in (error.value.hint or "")

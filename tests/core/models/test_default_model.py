@@ -20,7 +20,7 @@ from hearthside.core.models.default_model import (
 )
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
-from tests.core.models.test_store import write_tiny_gguf
+from tests.gguf_samples import write_tiny_gguf
 
 
 @pytest.fixture

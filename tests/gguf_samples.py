@@ -1,0 +1,56 @@
+"""Tiny synthetic GGUF files for tests: real files written with the `gguf` package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+_BYTE_TOKEN_TYPE = 6
+_NORMAL_TOKEN_TYPE = 1
+_CONTROL_TOKEN_TYPE = 3
+_UNKNOWN_TOKEN_TYPE = 2
+
+
+def write_tiny_gguf(path: Path, *, seed: int = 0, loadable: bool = False) -> Path:
+    """A valid GGUF of two small F32 tensors. Seeds give different bytes (and sha256).
+
+    With `loadable`, it also carries the llama hyperparameters and an SPM vocabulary (with the
+    256 byte tokens), so llama.cpp can read its vocabulary; without, llama.cpp refuses it even
+    though it is structurally sound.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name(f"Tiny Test {seed}")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if loadable:
+        _add_llama_hparams_and_vocab(writer)
+    rng = np.random.default_rng(seed)
+    writer.add_tensor("token_embd.weight", rng.standard_normal((8, 16)).astype(np.float32))
+    writer.add_tensor("output_norm.weight", rng.standard_normal(16).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_llama_hparams_and_vocab(writer: gguf.GGUFWriter) -> None:
+    writer.add_context_length(64)
+    writer.add_embedding_length(16)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(32)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256)), "▁hi"]
+    types = [_UNKNOWN_TOKEN_TYPE, _CONTROL_TOKEN_TYPE, _CONTROL_TOKEN_TYPE]
+    types += [_BYTE_TOKEN_TYPE] * 256 + [_NORMAL_TOKEN_TYPE]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
