@@ -109,7 +109,17 @@ def run_tests(args: list[str]) -> int:
         ("ruff", [python, "-m", "ruff", "check", "."], None),
         (
             "mypy",
-            [python, "-m", "mypy", "-p", "hearthside.core", "-p", "hearthside.autotune"],
+            [
+                python,
+                "-m",
+                "mypy",
+                "-p",
+                "hearthside.core",
+                "-p",
+                "hearthside.autotune",
+                "-p",
+                "hearthside.app",
+            ],
             mypy_env,
         ),
         ("pytest", [python, "-m", "pytest", *args], None),

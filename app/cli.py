@@ -10,10 +10,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from hearthside.app.models_cli import add_models_parser
+from hearthside.app.progress import ProgressLine
 from hearthside.app.terminal_chat import (
     ChatOptions,
     engine_config_for,
-    progress_line,
     run_one_prompt,
     run_repl,
     status,
@@ -106,17 +106,17 @@ def _run_bench(args: argparse.Namespace) -> int:
     status(f"Loading {Path(config.model_path).name} …")
     engine = Engine(config)
     try:
-        report = run_bench(
-            engine,
-            n_prompt=args.n_prompt,
-            n_gen=args.n_gen,
-            repetitions=args.repetitions,
-            warmup_s=args.warmup_s,
-            progress=lambda test, done, total: progress_line(f"{test}: run {done} of {total}"),
-        )
+        with ProgressLine("Measuring") as line:
+            report = run_bench(
+                engine,
+                n_prompt=args.n_prompt,
+                n_gen=args.n_gen,
+                repetitions=args.repetitions,
+                warmup_s=args.warmup_s,
+                progress=lambda test, done, total: line.show(f"{test}, run {done} of {total}"),
+            )
     finally:
         engine.close()
-    progress_line("")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

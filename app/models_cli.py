@@ -13,8 +13,8 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 
+from hearthside.app.progress import ProgressLine
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.default_model import ensure_default_model, ensure_default_model_once
 from hearthside.core.models.store import ModelRecord, ModelStore, human_size
@@ -66,38 +66,6 @@ def add_models_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 # --- plumbing --------------------------------------------------------------------------------
 
 
-class _ProgressLine:
-    """A `label: 42%` line on stderr, redrawn with \\r, only when stderr is a terminal."""
-
-    def __init__(self, label: str) -> None:
-        self._label = label
-        self._last_percent = -1
-        self._open_line = False
-        self.callback = self._report if sys.stderr.isatty() else None
-
-    def _report(self, done_bytes: int, total_bytes: int) -> None:
-        percent = 100 if total_bytes <= 0 else min(100, done_bytes * 100 // total_bytes)
-        if percent == self._last_percent:
-            return
-        self._last_percent = percent
-        sys.stderr.write(f"\r{self._label}: {percent:3d}%")
-        sys.stderr.flush()
-        self._open_line = True
-
-    def __enter__(self) -> _ProgressLine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if self._open_line:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 def _reports_errors(handler: Handler) -> Handler:
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
@@ -115,7 +83,7 @@ def _open_store() -> ModelStore:
 
 
 def _install_default_on_first_use(store: ModelStore) -> None:
-    with _ProgressLine("Installing the default model") as line:
+    with ProgressLine("Installing the default model") as line:
         ensure_default_model_once(store, progress=line.callback)
 
 
@@ -178,7 +146,7 @@ def _list_models(args: argparse.Namespace) -> int:
 @_reports_errors
 def _add_model(args: argparse.Namespace) -> int:
     label = "Hashing" if args.link else "Copying"
-    with _open_store() as store, _ProgressLine(label) as line:
+    with _open_store() as store, ProgressLine(label) as line:
         record = store.add(Path(args.path), link=args.link, name=args.name, progress=line.callback)
         has_default = store.default() is not None
     print(f"Added {_describe(record)}.")
@@ -224,7 +192,7 @@ def _default_model(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _install_default(args: argparse.Namespace) -> int:
-    with _open_store() as store, _ProgressLine("Installing the default model") as line:
+    with _open_store() as store, ProgressLine("Installing the default model") as line:
         record = ensure_default_model(store, progress=line.callback)
     marker = " (the default)" if record.is_default else ""
     print(f"Installed {_describe(record)}{marker}.")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from hearthside.app.progress import ProgressLine
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, GenerationMetrics, GenerationResult
 from hearthside.core.engine.service import EngineService, Job
@@ -45,23 +46,13 @@ def status(text: str, end: str = "\n") -> None:
     print(text, end=end, file=sys.stderr, flush=True)
 
 
-def progress_line(text: str) -> None:
-    """A line that rewrites itself on a terminal; nothing at all when stderr is a file."""
-    if sys.stderr.isatty():
-        status(f"\r{text}\033[K", end="")
-
-
 def resolve_model(ref: str) -> Path:
     """The GGUF to load for `ref`, installing the default model on first use."""
     with ModelStore(data_dir()) as store:
         if ref == "default" and store.default() is None:
-            ensure_default_model(store, progress=_install_progress)
+            with ProgressLine("Installing the default model") as line:
+                ensure_default_model(store, progress=line.callback)
         return resolve_model_path(store, ref)
-
-
-def _install_progress(done_bytes: int, total_bytes: int) -> None:
-    if total_bytes:
-        progress_line(f"Installing the default model: {100 * done_bytes // total_bytes}%")
 
 
 def engine_config_for(

@@ -132,11 +132,6 @@ class Engine:
     def n_vocab(self) -> int:
         return int(self._llama.n_vocab())
 
-    @property
-    def cached_tokens(self) -> int:
-        """Tokens whose keys and values sit in the KV cache right now."""
-        return int(self._llama.n_tokens)
-
     def close(self) -> None:
         self._llama.close()
 
@@ -292,11 +287,11 @@ class Engine:
         eos = self._llama.token_eos()
         return ChatTemplate(
             self.model_info.chat_template,
-            bos_token=self.token_text_special(bos) if bos >= 0 else "",
-            eos_token=self.token_text_special(eos) if eos >= 0 else "",
+            bos_token=self._special_token_text(bos) if bos >= 0 else "",
+            eos_token=self._special_token_text(eos) if eos >= 0 else "",
         )
 
-    def token_text_special(self, token: int) -> str:
+    def _special_token_text(self, token: int) -> str:
         return self._llama._model.token_get_text(token)
 
 
@@ -330,6 +325,8 @@ class _GenerationRun:
         emitted: list[str] = []
 
         def emit(piece: str) -> None:
+            if not emitted:  # a reply starts at its first visible character
+                piece = piece.lstrip()
             if piece:
                 emitted.append(piece)
                 if on_text is not None:

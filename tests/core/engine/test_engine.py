@@ -32,6 +32,7 @@ def ask(text: str) -> list[ChatMessage]:
 def test_answers_a_simple_question_sensibly(engine: Engine) -> None:
     result = engine.chat(ask("Name a colour."), GREEDY)
     assert any(colour in result.text.lower() for colour in COLOURS), result.text
+    assert result.text == result.text.strip()
     assert result.metrics.stop_reason in ("eos", "stop", "length")
 
 
