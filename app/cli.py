@@ -139,11 +139,16 @@ def _print_bench_table(report: BenchReport) -> None:
         )
 
 
+def _with_default_command(argv: list[str]) -> list[str]:
+    """`hearthside` alone, or with only chat options (`hearthside --stats`), means chat."""
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        return ["chat", *argv]
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["chat", *(argv or [])])
+    args = parser.parse_args(_with_default_command(list(sys.argv[1:] if argv is None else argv)))
     try:
         return int(args.handler(args))
     except HearthsideError as exc:

@@ -37,6 +37,15 @@ def test_one_prompt_on_the_default_model_prints_a_sensible_answer() -> None:
     assert "Loading" not in result.stdout  # status goes to stderr; stdout is the answer only
 
 
+def test_chat_is_the_default_command(default_model_file: Path) -> None:
+    result = run_cli(
+        "--model", str(default_model_file), "--prompt", "What is the capital of France?",
+        "--temperature", "0",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
 def test_bench_json_reports_medians(default_model_file: Path) -> None:
     result = run_cli(
         "bench",
