@@ -20,6 +20,7 @@ from hearthside.app.terminal_chat import (
 )
 from hearthside.core.engine.bench import BenchReport, run_bench
 from hearthside.core.engine.engine import Engine
+from hearthside.core.engine.service import EngineService
 from hearthside.core.errors import HearthsideError
 from hearthside.core.settings import Settings
 
@@ -104,10 +105,11 @@ def _run_chat(args: argparse.Namespace) -> int:
 def _run_bench(args: argparse.Namespace) -> int:
     config = engine_config_for(args.model, args.ctx, args.threads, args.batch_threads)
     status(f"Loading {Path(config.model_path).name} …")
-    engine = Engine(config)
-    try:
-        with ProgressLine("Measuring") as line:
-            report = run_bench(
+    with EngineService() as service, ProgressLine("Measuring") as line:
+        service.load(config).result()
+
+        def measure(engine: Engine) -> BenchReport:
+            return run_bench(
                 engine,
                 n_prompt=args.n_prompt,
                 n_gen=args.n_gen,
@@ -115,8 +117,8 @@ def _run_bench(args: argparse.Namespace) -> int:
                 warmup_s=args.warmup_s,
                 progress=lambda test, done, total: line.show(f"{test}, run {done} of {total}"),
             )
-    finally:
-        engine.close()
+
+        report = service.call(measure, "bench").result()
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
