@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hearthside.app.models_cli import _ProgressLine, add_models_parser
+from hearthside.app.models_cli import add_models_parser
+from hearthside.app.progress import ProgressLine
 from hearthside.core.models.default_model import DEFAULT_MODEL_ID, licence_notice
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
@@ -145,18 +146,16 @@ def test_progress_line_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> No
             return True
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    assert _ProgressLine("Copying").callback is None
+    assert ProgressLine("Copying").callback is None
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    with _ProgressLine("Copying") as line:
+    with ProgressLine("Copying") as line:
         assert line.callback is not None
         for done in (0, 1, 50, 51, 100):
             line.callback(done, 100)
-    assert (
-        terminal.getvalue() == "\rCopying:   0%\rCopying:   1%\rCopying:  50%\rCopying:  51%"
-        "\rCopying: 100%\n"
-    )
+    shown = [f"\rCopying: {percent:3d}%\033[K" for percent in (0, 1, 50, 51, 100)]
+    assert terminal.getvalue() == "".join(shown) + "\n"
 
 
 @pytest.mark.slow  # assembles the real 253 MB default model
