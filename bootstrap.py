@@ -4,15 +4,17 @@
     python3 bootstrap.py [ARGS...]     set up, install the default model, start Hearthside
     python3 bootstrap.py test          set up with dev tools, run lint, types and the tests
 
-Everything goes into .venv beside this file. llama-cpp-python is compiled for this machine
-(CPU here; `--backend cuda|hip|metal|vulkan` picks a GPU build); pip caches the result, so
-only the first setup is slow. Uses only the standard library, so any Python 3.11+ runs it.
+Everything goes into .venv beside this file. llama-cpp-python is compiled for this machine's
+GPU (CUDA for the NVIDIA architectures found, HIP for AMD gfx targets, Metal on Apple
+Silicon, else the CPU; `--backend cpu|cuda|hip|metal|vulkan` overrides); CPU builds come
+from pip's cache after the first time. Uses only the standard library, so any Python 3.11+
+runs it.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -22,13 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 MIN_PYTHON = (3, 11)
-# CMake flags that select llama.cpp's GPU backend when llama-cpp-python is compiled.
-BACKEND_CMAKE_ARGS = {
-    "cpu": "-DGGML_NATIVE=ON",
-    "cuda": "-DGGML_CUDA=ON",
-    "hip": "-DGGML_HIP=ON",
-    "metal": "-DGGML_METAL=ON",
-    "vulkan": "-DGGML_VULKAN=ON",
+BACKENDS = ("auto", "cpu", "cuda", "hip", "metal", "vulkan")
+CPU_BUILD = {
+    "backend": "cpu",
+    "env": {"CMAKE_ARGS": "-DGGML_NATIVE=on"},
+    "reasons": [],
+    "warnings": [],
 }
 
 
@@ -46,22 +47,43 @@ def run(command: list[str | Path], **kwargs: object) -> None:
     subprocess.run([str(part) for part in command], check=True, cwd=ROOT, **kwargs)  # type: ignore[call-overload]
 
 
-def default_backend() -> str:
-    if sys.platform == "darwin" and platform.machine() == "arm64":
-        return "metal"
-    return "cpu"
-
-
 def pop_backend(args: list[str]) -> str:
-    """Take `--backend NAME` out of `args` (the probe issue will choose it automatically)."""
-    backend = os.environ.get("HEARTHSIDE_ENGINE_BACKEND", default_backend())
+    """Take `--backend NAME` out of `args`; "auto" lets the hardware decide."""
+    backend = os.environ.get("HEARTHSIDE_ENGINE_BACKEND", "auto")
     if "--backend" in args:
         index = args.index("--backend")
-        backend = args[index + 1]
+        backend = args[index + 1] if index + 1 < len(args) else ""
         del args[index : index + 2]
-    if backend not in BACKEND_CMAKE_ARGS:
-        sys.exit(f"Unknown backend {backend!r}; choose one of {', '.join(BACKEND_CMAKE_ARGS)}.")
+    if backend not in BACKENDS:
+        sys.exit(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
     return backend
+
+
+def choose_engine_build(backend: str) -> dict:
+    """Build flags for llama.cpp from a quick look at this machine's GPUs.
+
+    core/probe/engine_build.py needs only the standard library, so it runs before anything
+    is installed; `hearthside engine rebuild` uses the same choice later.
+    """
+    chooser = [sys.executable, str(ROOT / "core" / "probe" / "engine_build.py"), "--json"]
+    completed = subprocess.run(
+        [*chooser, "--backend", backend], capture_output=True, text=True, check=False
+    )
+    try:
+        build = json.loads(completed.stdout)
+    except json.JSONDecodeError:
+        say("could not look for GPUs; building the engine for the CPU")
+        return CPU_BUILD
+    for reason in build["reasons"]:
+        say(reason)
+    for warning in build["warnings"]:
+        say(f"warning: {warning}")
+    return build
+
+
+def engine_installed() -> bool:
+    check = [venv_python(), "-c", "import llama_cpp"]
+    return subprocess.call([str(part) for part in check], stderr=subprocess.DEVNULL) == 0
 
 
 def ensure_venv() -> None:
@@ -72,14 +94,26 @@ def ensure_venv() -> None:
 
 
 def install(extras: str, backend: str) -> None:
-    env = dict(os.environ, CMAKE_ARGS=os.environ.get("CMAKE_ARGS", BACKEND_CMAKE_ARGS[backend]))
-    target = f".[{extras}]" if extras else "."
-    say(
-        f"installing Hearthside{f' [{extras}]' if extras else ''}"
-        " (the first time compiles llama.cpp: 5-10 minutes)"
-    )
     pip = [venv_python(), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    run([*pip, "-e", target], env=env)
+    if not engine_installed():
+        build = choose_engine_build(backend)
+        env = {**os.environ, **build["env"]}
+        if "CMAKE_ARGS" in os.environ:
+            env["CMAKE_ARGS"] = os.environ["CMAKE_ARGS"]  # the user's own flags win
+        say("compiling llama.cpp for this machine (the first time takes 5-10 minutes)")
+        # A GPU build must not come from pip's cache of an earlier CPU build (or a wheel).
+        fresh = (
+            [] if build["backend"] == "cpu" else ["--no-cache-dir", "--no-binary=llama-cpp-python"]
+        )
+        run([*pip, *fresh, "llama-cpp-python>=0.3.36"], env=env)
+    elif backend != "auto":
+        say(
+            "the engine is already built; "
+            f"`hearthside engine rebuild --backend {backend}` changes it"
+        )
+    target = f".[{extras}]" if extras else "."
+    say(f"installing Hearthside{f' [{extras}]' if extras else ''}")
+    run([*pip, "-e", target])
 
 
 def run_app(args: list[str]) -> int:

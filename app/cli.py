@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from hearthside.app.engine_cli import add_engine_parser
 from hearthside.app.models_cli import add_models_parser
+from hearthside.app.probe_cli import add_probe_parser
 from hearthside.app.progress import ProgressLine
 from hearthside.app.terminal_chat import (
     ChatOptions,
@@ -42,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chat_parser(subparsers)
     add_models_parser(subparsers)
     _add_bench_parser(subparsers)
+    add_probe_parser(subparsers)
+    add_engine_parser(subparsers)
     return parser
 
 

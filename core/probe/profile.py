@@ -114,7 +114,7 @@ class DiskInfo:
 
 @dataclass(frozen=True)
 class EngineDevice:
-    name: str  # ggml's device name, e.g. "CUDA0", "Metal", "CPU"
+    name: str  # ggml's device name, e.g. "CUDA0", "ROCm0", "MTL0", "CPU"
     description: str
     kind: Literal["cpu", "gpu", "igpu", "accel"]
     memory_total_bytes: int | None = None
@@ -126,7 +126,7 @@ class EngineInfo:
     """What the installed llama.cpp can drive."""
 
     package_version: str | None = None
-    backends: tuple[str, ...] = ()  # compiled-in ggml backends: "CPU", "CUDA", "Metal", ...
+    backends: tuple[str, ...] = ()  # ggml backend registry names: "CPU", "CUDA", "ROCm", "MTL"
     devices: tuple[EngineDevice, ...] = ()
     gpu_offload: bool = False
     system_info: str | None = None  # llama_print_system_info, as printed
