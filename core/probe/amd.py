@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hearthside.core.probe import engine_build
 from hearthside.core.probe.base import ProbeContext, ProbeResult
 from hearthside.core.probe.profile import GpuInfo, ProbeError, UnsupportedDevice
 
@@ -92,9 +93,7 @@ def probe(ctx: ProbeContext) -> ProbeResult:
 def gfx_name(gfx_target_version: int) -> str:
     """KFD's gfx_target_version as an LLVM target: 90006 → "gfx906", 90010 → "gfx90a",
     110501 → "gfx1151" (major, then minor and stepping as one hex digit each)."""
-    major, rest = divmod(gfx_target_version, 10000)
-    minor, stepping = divmod(rest, 100)
-    return f"gfx{major}{minor:x}{stepping:x}"
+    return engine_build.gfx_name(gfx_target_version) or f"gfx-unknown-{gfx_target_version}"
 
 
 def parse_amd_records(records: list[AmdRecord]) -> ProbeResult:

@@ -44,6 +44,15 @@ def run_command(command: Sequence[str]) -> str | None:
     return completed.stdout if completed.returncode == 0 else None
 
 
+def read_text_or_none(path: Path) -> str | None:
+    """A sysfs/procfs file's text, or None when it is missing or unreadable (some sysfs
+    attributes fail with EINVAL/EIO in VMs; that is "unknown", not an error)."""
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 def os_name(platform_name: str) -> str:
     return {"win32": "windows", "darwin": "darwin"}.get(platform_name, "linux")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from hearthside.core.probe.base import ProbeContext, ProbeResult
+from hearthside.core.probe.base import ProbeContext, ProbeResult, read_text_or_none
 from hearthside.core.probe.profile import KNOWN_CPU_FLAGS, CpuInfo, ProbeError
 
 SOURCE = "cpu"
@@ -238,21 +238,12 @@ def cpu_info_from_sysctl(text: str, arch: str) -> CpuInfo:
 # --- sysfs readers (roots are parameters through ctx) ---------------------------------------
 
 
-def _read_optional(path: Path) -> str | None:
-    """A sysfs/procfs file's text, or None when it is missing or unreadable (some sysfs
-    attributes fail with EINVAL/EIO in VMs; that is "unknown", not an error)."""
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
 def _cpu_dir(ctx: ProbeContext, cpu: int) -> Path:
     return ctx.path(f"/sys/devices/system/cpu/cpu{cpu}")
 
 
 def online_cpus(ctx: ProbeContext) -> frozenset[int]:
-    text = _read_optional(ctx.path("/sys/devices/system/cpu/online"))
+    text = read_text_or_none(ctx.path("/sys/devices/system/cpu/online"))
     if text is not None:
         return parse_cpu_list(text)
     cpu_root = ctx.path("/sys/devices/system/cpu")
@@ -264,8 +255,8 @@ def online_cpus(ctx: ProbeContext) -> frozenset[int]:
 
 def _core_key(ctx: ProbeContext, cpu: int) -> tuple[str, str] | None:
     topology = _cpu_dir(ctx, cpu) / "topology"
-    package = _read_optional(topology / "physical_package_id")
-    core = _read_optional(topology / "core_id")
+    package = read_text_or_none(topology / "physical_package_id")
+    core = read_text_or_none(topology / "core_id")
     if package is None or core is None:
         return None
     return package.strip(), core.strip()
@@ -290,8 +281,8 @@ def count_cores(ctx: ProbeContext, cpus: Iterable[int]) -> int:
 
 def read_hybrid_cores(ctx: ProbeContext, online: frozenset[int]) -> tuple[int, int] | None:
     """(P cores, E cores) on Intel hybrid chips, from the two PMU cpu lists."""
-    p_text = _read_optional(ctx.path("/sys/devices/cpu_core/cpus"))
-    e_text = _read_optional(ctx.path("/sys/devices/cpu_atom/cpus"))
+    p_text = read_text_or_none(ctx.path("/sys/devices/cpu_core/cpus"))
+    e_text = read_text_or_none(ctx.path("/sys/devices/cpu_atom/cpus"))
     if p_text is None or e_text is None:
         return None
     p_cpus = parse_cpu_list(p_text) & online
@@ -313,10 +304,10 @@ def _cache_entries(ctx: ProbeContext, cpu: int) -> Iterable[tuple[int, frozenset
     if not cache_root.is_dir():
         return
     for index in sorted(cache_root.glob("index*")):
-        level = _read_optional(index / "level")
-        size = _read_optional(index / "size")
-        shared = _read_optional(index / "shared_cpu_list")
-        kind = (_read_optional(index / "type") or "").strip()
+        level = read_text_or_none(index / "level")
+        size = read_text_or_none(index / "size")
+        shared = read_text_or_none(index / "shared_cpu_list")
+        kind = (read_text_or_none(index / "type") or "").strip()
         if level is None or size is None or shared is None or kind == "Instruction":
             continue
         yield int(level), parse_cpu_list(shared) or frozenset({cpu}), parse_cache_size(size)
@@ -335,7 +326,7 @@ def read_cache_totals(ctx: ProbeContext, cpus: frozenset[int]) -> dict[int, int]
 
 
 def read_max_frequency_hz(ctx: ProbeContext) -> int | None:
-    text = _read_optional(ctx.path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"))
+    text = read_text_or_none(ctx.path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"))
     if text is None or not text.strip().isdigit():
         return None
     return int(text) * 1000  # the file is in kHz
@@ -345,7 +336,7 @@ def read_max_frequency_hz(ctx: ProbeContext) -> int | None:
 
 
 def probe_linux(ctx: ProbeContext) -> ProbeResult:
-    cpuinfo_text = _read_optional(ctx.path("/proc/cpuinfo"))
+    cpuinfo_text = read_text_or_none(ctx.path("/proc/cpuinfo"))
     errors: tuple[ProbeError, ...] = ()
     if cpuinfo_text is None:
         errors = (ProbeError(SOURCE, "cannot read /proc/cpuinfo"),)

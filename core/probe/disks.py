@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 import psutil
 
-from hearthside.core.probe.base import ProbeContext, ProbeResult
+from hearthside.core.probe.base import ProbeContext, ProbeResult, read_text_or_none
 from hearthside.core.probe.profile import DiskInfo, ProbeError
 
 SOURCE = "disks"
@@ -72,13 +72,6 @@ def parent_disk_name(name: str) -> str:
     return name
 
 
-def _read_optional(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
 def _list_names(folder: Path) -> list[str]:
     try:
         return sorted(entry.name for entry in folder.iterdir())
@@ -89,7 +82,7 @@ def _list_names(folder: Path) -> list[str]:
 def device_mapper_name(ctx: ProbeContext, mapper_name: str) -> str | None:
     """The kernel name of a mapper device ("vg-root" → "dm-0"), via /sys/block/dm-N/dm/name."""
     for name in _list_names(ctx.path("/sys/block")):
-        text = _read_optional(ctx.path(f"/sys/block/{name}/dm/name"))
+        text = read_text_or_none(ctx.path(f"/sys/block/{name}/dm/name"))
         if text is not None and text.strip() == mapper_name:
             return name
     return None
@@ -124,7 +117,7 @@ _VIRTUAL_DISK_PREFIXES = ("vd", "xvd")
 def read_rotational(ctx: ProbeContext, disks: Iterable[str]) -> bool | None:
     """True when any disk under the mount spins: the slowest member sets the pace."""
     real = [disk for disk in disks if not disk.startswith(_VIRTUAL_DISK_PREFIXES)]
-    flags = [_read_optional(ctx.path(f"/sys/block/{disk}/queue/rotational")) for disk in real]
+    flags = [read_text_or_none(ctx.path(f"/sys/block/{disk}/queue/rotational")) for disk in real]
     known = [flag.strip() == "1" for flag in flags if flag is not None]
     return any(known) if known else None
 
@@ -141,7 +134,7 @@ def with_usage(disk: DiskInfo, path: Path) -> DiskInfo:
 
 
 def describe_linux(ctx: ProbeContext, models_dir: Path) -> DiskInfo:
-    text = _read_optional(ctx.path("/proc/mounts"))
+    text = read_text_or_none(ctx.path("/proc/mounts"))
     if text is None:
         raise OSError("cannot read /proc/mounts")
     mount = find_mount(parse_proc_mounts(text), PurePosixPath(models_dir))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from hearthside.core.probe.base import ProbeContext, ProbeResult
+from hearthside.core.probe.base import ProbeContext, ProbeResult, read_text_or_none
 from hearthside.core.probe.profile import MemoryInfo, ProbeError
 
 SOURCE = "memory"
@@ -95,13 +95,6 @@ def memory_info_from_sysctl(text: str) -> MemoryInfo:
     )
 
 
-def _read_optional(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
 def is_live_machine(ctx: ProbeContext) -> bool:
     """psutil describes this process's machine, so it may only fill in for a real probe."""
     return ctx.root == Path("/") and ctx.platform == sys.platform
@@ -109,14 +102,14 @@ def is_live_machine(ctx: ProbeContext) -> bool:
 
 def read_cgroup_limit(ctx: ProbeContext) -> int | None:
     for path in (CGROUP_V2_LIMIT, CGROUP_V1_LIMIT):
-        text = _read_optional(ctx.path(path))
+        text = read_text_or_none(ctx.path(path))
         if text is not None:
             return parse_cgroup_limit(text)
     return None
 
 
 def probe_linux(ctx: ProbeContext) -> ProbeResult:
-    text = _read_optional(ctx.path("/proc/meminfo"))
+    text = read_text_or_none(ctx.path("/proc/meminfo"))
     if text is None:
         return ProbeResult(memory=MemoryInfo(), errors=(ProbeError(SOURCE, "no /proc/meminfo"),))
     meminfo = parse_meminfo(text)
