@@ -188,6 +188,7 @@ class SamplingParams:
     max_tokens: int | None = None  # None: until the model stops or the context is full
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    grammar: str | None = None  # GBNF the reply must follow (JSON output, tool calls)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+from llama_cpp.llama_grammar import LlamaGrammar
 
 from hearthside.core.engine import native_log
 from hearthside.core.engine.config import EngineConfig, SamplingParams
@@ -249,8 +250,23 @@ class Engine:
             repeat_penalty=sampling.repeat_penalty,
             presence_penalty=sampling.presence_penalty,
             frequency_penalty=sampling.frequency_penalty,
+            grammar=self._checked_grammar(sampling.grammar),
             reset=True,
         )
+
+    def _checked_grammar(self, gbnf: str | None) -> LlamaGrammar | None:
+        """A grammar llama.cpp has parsed once: llama-cpp-python would add a failed (NULL)
+        grammar sampler to its chain and crash the process on the first token."""
+        if gbnf is None:
+            return None
+        probe = llama_cpp.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
+        if not probe:
+            raise EngineError(
+                "The requested output format could not be turned into a grammar.",
+                hint="Simplify the JSON schema (or tool parameters) and try again.",
+            )
+        llama_cpp.llama_sampler_free(probe)
+        return LlamaGrammar.from_string(gbnf, verbose=False)
 
     @contextlib.contextmanager
     def _armed_abort(self, cancel: threading.Event) -> Iterator[None]:

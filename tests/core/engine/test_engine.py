@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine
-from hearthside.core.errors import ContextOverflowError, EngineLoadError, ModelFileError
+from hearthside.core.errors import (
+    ContextOverflowError,
+    EngineError,
+    EngineLoadError,
+    ModelFileError,
+)
 from tests.gguf_samples import write_tiny_gguf
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48)
@@ -183,3 +190,24 @@ def test_out_of_memory_at_load_says_what_failed(default_model_file: Path) -> Non
         Engine(EngineConfig(model_path=str(default_model_file), n_ctx=10_000_000))
     assert "allocate" in error.value.message
     assert "smaller context" in (error.value.hint or "")
+
+
+def test_a_grammar_makes_the_reply_valid_json(engine: Engine) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string"}, "count": {"type": "integer"}},
+        "required": ["colour", "count"],
+    }
+    grammar = json_schema_to_gbnf(json.dumps(schema))
+    result = engine.chat(
+        ask("Name a colour and a number."),
+        SamplingParams(temperature=0, max_tokens=60, grammar=grammar),
+    )
+    reply = json.loads(result.text)
+    assert isinstance(reply["colour"], str) and isinstance(reply["count"], int)
+
+
+def test_an_invalid_grammar_is_refused_without_crashing(engine: Engine) -> None:
+    with pytest.raises(EngineError, match="could not be turned into a grammar"):
+        engine.chat(ask("hi"), SamplingParams(temperature=0, max_tokens=4, grammar="root ::= (("))
+    assert engine.chat(ask("Name a colour."), GREEDY).text

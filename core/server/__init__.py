@@ -1,0 +1,1 @@
+"""The local OpenAI-compatible API: app factory, security middleware, controller."""
