@@ -13,6 +13,7 @@ from hearthside.app.engine_cli import add_engine_parser
 from hearthside.app.models_cli import add_models_parser
 from hearthside.app.probe_cli import add_probe_parser
 from hearthside.app.progress import ProgressLine
+from hearthside.app.serve_cli import add_serve_parser
 from hearthside.app.terminal_chat import (
     ChatOptions,
     engine_config_for,
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_parser(subparsers)
     add_probe_parser(subparsers)
     add_engine_parser(subparsers)
+    add_serve_parser(subparsers)
     return parser
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp
+from _timing import median_ratio, paired, rate_from_stamps
 
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine
@@ -51,11 +52,6 @@ class Side:
 
     prefill_tok_s: list[float] = field(default_factory=list)
     decode_tok_s: list[float] = field(default_factory=list)
-
-
-def rate_from_stamps(stamps: list[float]) -> float:
-    gaps = [later - earlier for earlier, later in zip(stamps, stamps[1:], strict=False)]
-    return 1.0 / statistics.median(gaps)
 
 
 def prefill_messages(repetition: int) -> list[ChatMessage]:
@@ -137,12 +133,6 @@ class HearthsideChat:
 PREFILL_PAIRS_PER_RUN = 3
 
 
-def paired(first: Callable[[], None], second: Callable[[], None], flip: bool) -> None:
-    """Run both, back to back, in an order that alternates between calls."""
-    for run in (second, first) if flip else (first, second):
-        run()
-
-
 def measure(config: EngineConfig, repetitions: int) -> tuple[Side, Side]:
     bare, ours = Side(), Side()
     with EngineService() as service:
@@ -187,8 +177,7 @@ def summarise(ours: Side, bare: Side) -> dict[str, float]:
         mine, theirs = getattr(ours, f"{label}_tok_s"), getattr(bare, f"{label}_tok_s")
         summary[f"{label}_hearthside_tok_s"] = statistics.median(mine)
         summary[f"{label}_bare_tok_s"] = statistics.median(theirs)
-        ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
-        summary[f"{label}_ratio"] = statistics.median(ratios)
+        summary[f"{label}_ratio"] = median_ratio(mine, theirs)
     return summary
 
 

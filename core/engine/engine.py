@@ -185,7 +185,7 @@ class Engine:
         if format_stops:
             sampling = dataclasses.replace(sampling, stop=sampling.stop + format_stops)
         return self.generate(
-            prompt_tokens, sampling, on_text=on_text, cancel=cancel, started=started
+            prompt_tokens, sampling, on_text=on_text, cancel=cancel, started=started, reply=True
         )
 
     def generate(
@@ -196,13 +196,18 @@ class Engine:
         on_text: TextCallback | None = None,
         cancel: threading.Event | None = None,
         started: float | None = None,
+        reply: bool = False,
     ) -> GenerationResult:
-        """Continue `prompt_tokens`, reusing whatever prefix of them the KV cache holds."""
+        """Continue `prompt_tokens`, reusing whatever prefix of them the KV cache holds.
+
+        A `reply` (a chat answer) starts at its first visible character; a raw continuation
+        keeps its leading space.
+        """
         started = time.perf_counter() if started is None else started
         self._check_prompt_fits(len(prompt_tokens), sampling)
         cancel = cancel or threading.Event()
         reused = self._reuse_cached_prefix(prompt_tokens)
-        run = _GenerationRun(self, sampling, started, len(prompt_tokens), reused)
+        run = _GenerationRun(self, sampling, started, len(prompt_tokens), reused, reply)
         with self._armed_abort(cancel):
             text = run.stream(self._token_stream(prompt_tokens, sampling), on_text, cancel)
         return GenerationResult(text=text, metrics=run.metrics())
@@ -210,6 +215,14 @@ class Engine:
     def _check_prompt_fits(self, n_prompt: int, sampling: SamplingParams) -> None:
         if n_prompt == 0:
             raise EngineError("The prompt is empty.")
+        wanted = sampling.max_tokens or 0
+        if wanted and n_prompt + wanted > self.n_ctx:
+            raise ContextOverflowError(
+                f"The prompt is {n_prompt} tokens and {wanted} more were asked for, but this "
+                f"model is loaded with a context of {self.n_ctx} tokens.",
+                hint="Ask for fewer tokens, shorten the conversation, or load the model with a "
+                "larger context.",
+            )
         if n_prompt >= self.n_ctx:
             raise ContextOverflowError(
                 f"The conversation is {n_prompt} tokens long, but this model is loaded with a "
@@ -321,8 +334,10 @@ class _GenerationRun:
         started: float,
         n_prompt: int,
         reused: int,
+        trim_start: bool,
     ) -> None:
         self.engine = engine
+        self.trim_start = trim_start
         self.sampling = sampling
         self.started = started
         self.n_prompt = n_prompt
@@ -341,7 +356,7 @@ class _GenerationRun:
         emitted: list[str] = []
 
         def emit(piece: str) -> None:
-            if not emitted:  # a reply starts at its first visible character
+            if self.trim_start and not emitted:
                 piece = piece.lstrip()
             if piece:
                 emitted.append(piece)

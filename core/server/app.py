@@ -1,0 +1,433 @@
+"""`create_app(settings, service)`: the OpenAI-compatible API over the shared EngineService.
+
+No module globals: everything a route needs comes from the factory's arguments. Every request
+becomes a job in the same bounded queue the chat window uses, so a request never pre-empts
+another's generation, a full queue answers 503 at once, and a client that goes away cancels
+its own job within one token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from hearthside.core.engine.config import EngineConfigError, SamplingParams
+from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
+from hearthside.core.engine.service import EngineService, Job
+from hearthside.core.errors import (
+    ContextOverflowError,
+    HearthsideError,
+    JobCancelledError,
+    QueueFullError,
+)
+from hearthside.core.server import structured
+from hearthside.core.server.schemas import (
+    ChatCompletionRequest,
+    ChatMessageIn,
+    CompletionRequest,
+    EmbeddingRequest,
+)
+from hearthside.core.server.security import SecurityMiddleware, SecurityPolicy, openai_error
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context_full": "length"}
+DISCONNECT_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    api_key: str | None = None
+    extra_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 1 << 20
+    max_tokens_cap: int = 4096
+    model_id: str = "default"
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def security_policy(self) -> SecurityPolicy:
+        return SecurityPolicy(
+            port=self.port,
+            api_key=self.api_key,
+            extra_hosts=self.extra_hosts,
+            cors_origins=self.cors_origins,
+            max_body_bytes=self.max_body_bytes,
+        )
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its reply was ready."""
+
+
+def create_app(settings: ServerSettings, service: EngineService) -> FastAPI:
+    app = FastAPI(title="Hearthside local API", version="1", docs_url=None, redoc_url=None)
+    _add_error_handlers(app)
+    _add_routes(app, settings, service)
+    app.add_middleware(SecurityMiddleware, policy=settings.security_policy())
+    return app
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = f"{where}: {first.get('msg', 'invalid value')}" if where else "Invalid request."
+        return openai_error(400, message, type_="invalid_request_error", param=where or None)
+
+    @app.exception_handler(HearthsideError)
+    async def hearthside_error(_request: Request, exc: HearthsideError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, _exc: Exception) -> JSONResponse:
+        return openai_error(500, "Internal error in Hearthside.", type_="server_error")
+
+
+def error_response(exc: HearthsideError) -> JSONResponse:
+    if isinstance(exc, QueueFullError):
+        return openai_error(
+            503,
+            exc.message,
+            type_="server_error",
+            code="queue_full",
+            headers={"Retry-After": "1"},
+        )
+    if isinstance(exc, ContextOverflowError):
+        return openai_error(
+            400, exc.message, type_="invalid_request_error", code="context_length_exceeded"
+        )
+    if isinstance(exc, EngineConfigError | structured.StructuredOutputError):
+        return openai_error(400, exc.message, type_="invalid_request_error")
+    if isinstance(exc, JobCancelledError):
+        return openai_error(499, exc.message, type_="invalid_request_error", code="cancelled")
+    return openai_error(500, exc.message, type_="server_error")
+
+
+# ---- routes ----------------------------------------------------------------------------------
+
+
+def _add_routes(app: FastAPI, settings: ServerSettings, service: EngineService) -> None:
+    model_card = {
+        "id": settings.model_id,
+        "object": "model",
+        "created": settings.created_at,
+        "owned_by": "hearthside",
+    }
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "model": settings.model_id}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model_id}")
+    async def get_model(model_id: str) -> Response:
+        if model_id != settings.model_id:
+            return openai_error(
+                404, "No such model.", type_="invalid_request_error", code="model_not_found"
+            )
+        return JSONResponse(model_card)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        plan = _chat_plan(body, settings)
+        return await _respond(plan, body.stream, body.include_usage(), request, service, settings)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        plan = _completion_plan(body, settings)
+        return await _respond(plan, body.stream, body.include_usage(), request, service, settings)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(_body: EmbeddingRequest) -> Response:
+        return openai_error(
+            400,
+            "The loaded model is a text generator and does not provide embeddings.",
+            type_="invalid_request_error",
+            code="embeddings_unsupported",
+        )
+
+
+# ---- turning a request into engine work ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """One request, ready to run on the engine thread."""
+
+    kind: str  # "chat.completion" | "text_completion"
+    messages: tuple[ChatMessage, ...] | None
+    prompt: str | None
+    sampling: SamplingParams
+    tools: tuple[structured.ToolSpec, ...] = ()
+
+    def run(
+        self, engine: Engine, cancel: Any, on_text: Callable[[str], None] | None
+    ) -> GenerationResult:
+        if self.messages is not None:
+            return engine.chat(self.messages, self.sampling, on_text=on_text, cancel=cancel)
+        tokens = engine.tokenize(self.prompt or "", add_bos=True)
+        return engine.generate(tokens, self.sampling, on_text=on_text, cancel=cancel)
+
+
+def _sampling(
+    body: ChatCompletionRequest | CompletionRequest, settings: ServerSettings
+) -> SamplingParams:
+    max_tokens = body.requested_max_tokens()
+    if max_tokens is not None and max_tokens > settings.max_tokens_cap:
+        raise EngineConfigError(f"max_tokens may be at most {settings.max_tokens_cap}.")
+    return SamplingParams(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=0,  # OpenAI clients expect top_p and temperature alone to shape sampling
+        min_p=0.0,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        max_tokens=max_tokens,
+        stop=body.stop_sequences(),
+        seed=body.seed,
+    )
+
+
+def _chat_plan(body: ChatCompletionRequest, settings: ServerSettings) -> GenerationPlan:
+    sampling = _sampling(body, settings)
+    messages = [_engine_message(message) for message in body.messages]
+    tools = structured.parse_tools(body.tools)
+    grammar = structured.grammar_for_tools(tools, body.tool_choice) if tools else None
+    if grammar is not None:
+        messages.insert(0, ChatMessage("system", structured.tool_prompt(tools)))
+    else:
+        tools = ()
+        grammar = structured.grammar_for_response_format(body.response_format)
+    return GenerationPlan(
+        kind="chat.completion",
+        messages=tuple(messages),
+        prompt=None,
+        sampling=replace(sampling, grammar=grammar),
+        tools=tools,
+    )
+
+
+def _engine_message(message: ChatMessageIn) -> ChatMessage:
+    if message.role == "tool":
+        return ChatMessage("user", f"Result of tool call {message.tool_call_id}: {message.text()}")
+    if message.role == "assistant" and message.tool_calls:
+        calls = [call.get("function", {}) for call in message.tool_calls]
+        return ChatMessage("assistant", json.dumps(calls[0] if len(calls) == 1 else calls))
+    role = "system" if message.role == "developer" else message.role
+    return ChatMessage(role, message.text())
+
+
+def _completion_plan(body: CompletionRequest, settings: ServerSettings) -> GenerationPlan:
+    try:
+        prompt = body.prompt_text()
+    except ValueError as exc:
+        raise EngineConfigError(str(exc)) from None
+    return GenerationPlan(
+        kind="text_completion", messages=None, prompt=prompt, sampling=_sampling(body, settings)
+    )
+
+
+# ---- running it: whole replies and streams ---------------------------------------------------
+
+
+async def _respond(
+    plan: GenerationPlan,
+    stream: bool,
+    include_usage: bool,
+    request: Request,
+    service: EngineService,
+    settings: ServerSettings,
+) -> Response:
+    reply = _ReplyFormat(plan, settings.model_id)
+    if stream:
+        pieces: asyncio.Queue[str | None] = asyncio.Queue()
+        put = _thread_safe_put(pieces)
+        job = _submit(plan, service, put)
+        job.future.add_done_callback(lambda _f: put(None))
+        return StreamingResponse(
+            _event_stream(job, pieces, reply, include_usage), media_type="text/event-stream"
+        )
+    job = _submit(plan, service, None)
+    try:
+        result = await _wait_unless_client_leaves(job, request)
+    except ClientGone:
+        return Response(status_code=499)
+    return JSONResponse(reply.whole(result))
+
+
+def _submit(
+    plan: GenerationPlan, service: EngineService, on_text: Callable[[str], None] | None
+) -> Job[GenerationResult]:
+    def run(engine: Engine | None, cancel: Any) -> GenerationResult:
+        if engine is None:
+            raise HearthsideError("No model is loaded.")
+        return plan.run(engine, cancel, on_text)
+
+    return service.submit(Job(run, description=plan.kind))
+
+
+def _thread_safe_put(queue: asyncio.Queue[str | None]) -> Callable[[str | None], None]:
+    """A callback the engine thread may call to hand items to this event loop's queue."""
+    loop = asyncio.get_running_loop()
+
+    def put(item: str | None) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    return put
+
+
+async def _wait_unless_client_leaves(
+    job: Job[GenerationResult], request: Request
+) -> GenerationResult:
+    pending = asyncio.wrap_future(job.future)
+    while True:
+        done, _ = await asyncio.wait({pending}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return pending.result()
+        if await request.is_disconnected():
+            job.cancel()
+            raise ClientGone()
+
+
+async def _event_stream(
+    job: Job[GenerationResult],
+    pieces: asyncio.Queue[str | None],
+    reply: _ReplyFormat,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    try:
+        for chunk in reply.opening():
+            yield _sse(chunk)
+        while (piece := await pieces.get()) is not None:
+            for chunk in reply.pieces(piece):
+                yield _sse(chunk)
+        try:
+            result = job.result()
+        except HearthsideError as exc:
+            yield _sse({"error": json.loads(bytes(error_response(exc).body))["error"]})
+            return
+        for chunk in reply.closing(result, include_usage):
+            yield _sse(chunk)
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not job.done():  # the client went away mid-stream
+            job.cancel()
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class _ReplyFormat:
+    """Builds OpenAI response bodies and stream chunks for one request."""
+
+    def __init__(self, plan: GenerationPlan, model_id: str) -> None:
+        self.plan = plan
+        self.model_id = model_id
+        prefix = "chatcmpl" if plan.kind == "chat.completion" else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.tool_stream = structured.ToolCallStream(plan.tools) if plan.tools else None
+
+    def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model_id,
+            "choices": choices,
+        }
+
+    # whole replies
+
+    def whole(self, result: GenerationResult) -> dict[str, Any]:
+        finish = FINISH_REASONS.get(result.metrics.stop_reason, "stop")
+        if self.plan.kind == "text_completion":
+            choice = {"index": 0, "text": result.text, "finish_reason": finish, "logprobs": None}
+            body = self._envelope("text_completion", [choice])
+        else:
+            message, finish = self._message(result.text, finish)
+            body = self._envelope(
+                "chat.completion", [{"index": 0, "message": message, "finish_reason": finish}]
+            )
+        body["usage"] = _usage(result)
+        return body
+
+    def _message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
+        call = structured.parse_tool_call(text, self.plan.tools) if self.plan.tools else None
+        if call is None:
+            return {"role": "assistant", "content": text}, finish
+        tool_call = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [tool_call]}, "tool_calls"
+
+    # streams
+
+    def opening(self) -> list[dict[str, Any]]:
+        if self.plan.kind == "text_completion":
+            return []
+        return [self._chunk({"role": "assistant", "content": ""}, None)]
+
+    def pieces(self, piece: str) -> list[dict[str, Any]]:
+        if self.plan.kind == "text_completion":
+            choice = {"index": 0, "text": piece, "finish_reason": None, "logprobs": None}
+            return [self._envelope("text_completion", [choice])]
+        if self.tool_stream is None:
+            return [self._chunk({"content": piece}, None)]
+        return [self._chunk(delta, None) for delta in self.tool_stream.feed(piece)]
+
+    def closing(self, result: GenerationResult, include_usage: bool) -> list[dict[str, Any]]:
+        finish = FINISH_REASONS.get(result.metrics.stop_reason, "stop")
+        chunks = []
+        if self.plan.kind == "text_completion":
+            choice = {"index": 0, "text": "", "finish_reason": finish, "logprobs": None}
+            chunks.append(self._envelope("text_completion", [choice]))
+        else:
+            if self.tool_stream is not None:
+                deltas, tool_finish = self.tool_stream.finish()
+                chunks += [self._chunk(delta, None) for delta in deltas]
+                if finish != "length":  # a call cut off by the limit is reported as such
+                    finish = tool_finish
+            chunks.append(self._chunk({}, finish))
+        if include_usage:
+            kind = (
+                "chat.completion.chunk"
+                if self.plan.kind != "text_completion"
+                else "text_completion"
+            )
+            usage_chunk = self._envelope(kind, [])
+            usage_chunk["usage"] = _usage(result)
+            chunks.append(usage_chunk)
+        return chunks
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return self._envelope("chat.completion.chunk", [choice])
+
+
+def _usage(result: GenerationResult) -> dict[str, int]:
+    prompt, completion = result.metrics.prompt_tokens, result.metrics.completion_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }

@@ -1,0 +1,137 @@
+"""The per-install API key and the rule that keeps a key-less API on this computer.
+
+The key file holds one URL-safe token and is private to this user (0600 on POSIX). It is
+written to a private temporary file first and then linked into place, so no reader ever sees
+a half-written key and two processes starting at once agree on one key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import os
+import re
+import secrets
+from pathlib import Path
+
+from hearthside.core.errors import HearthsideError
+from hearthside.core.paths import ensure_private_dir
+
+KEY_ENTROPY_BYTES = 32
+MAX_KEY_FILE_BYTES = 4096
+# RFC 6750 b64token characters; at least 32 of them so a hand-edited key is never weak.
+VALID_KEY = re.compile(r"[A-Za-z0-9._~+/=-]{32,512}")
+PRIVATE_FILE_MODE = 0o600
+
+
+class UnsafeBindError(HearthsideError):
+    """The API was asked to listen beyond this computer without an API key."""
+
+
+class ApiKeyFileError(HearthsideError):
+    """The API key file could not be read or written."""
+
+
+def load_or_create_api_key(path: Path) -> str:
+    """The key stored at `path`; a new one when the file is missing, empty or corrupt."""
+    try:
+        existing = _read_valid_key(path)
+        if existing is not None:
+            _restrict_to_owner(path)
+            return existing
+        return _store_new_key(path)
+    except OSError as exc:
+        raise ApiKeyFileError(
+            "Hearthside could not read or create its API key file.",
+            hint=f"Check that you can write to {path.parent} ({exc.strerror or 'I/O error'}).",
+        ) from None
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for addresses reachable only from this computer: 127.0.0.0/8, ::1, localhost."""
+    name = host.strip().removeprefix("[").removesuffix("]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def check_bind_is_safe(host: str, api_key: str | None) -> None:
+    """Refuse to listen on anything but loopback ("LAN mode") unless a key is required."""
+    if is_loopback_host(host) or (api_key is not None and api_key.strip()):
+        return
+    shown = host or "all addresses"
+    raise UnsafeBindError(
+        f"Hearthside will not open its API on {shown} without an API key: anyone on your "
+        "network could use it.",
+        hint="Turn on the API key, or listen on 127.0.0.1 to keep the API on this computer.",
+    )
+
+
+def _read_valid_key(path: Path) -> str | None:
+    """The stored key, or None when there is no usable one (missing, empty, corrupt, a link)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a symlink: never follow it to someone else's file
+            return None
+        raise
+    with os.fdopen(fd, "rb") as file:
+        raw = file.read(MAX_KEY_FILE_BYTES + 1)
+    try:
+        key = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    return key if VALID_KEY.fullmatch(key) else None
+
+
+def _store_new_key(path: Path) -> str:
+    ensure_private_dir(path.parent)
+    key = secrets.token_urlsafe(KEY_ENTROPY_BYTES)
+    draft = _write_private_draft(path, key)
+    try:
+        winner = _publish(draft, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            draft.unlink()
+    if winner is not None:
+        return winner
+    _restrict_to_owner(path)
+    return key
+
+
+def _publish(draft: Path, path: Path) -> str | None:
+    """Put `draft` at `path`; returns the key another process published first, if any."""
+    try:
+        os.link(draft, path)  # fails if the file exists, unlike a rename
+    except FileExistsError:
+        winner = _read_valid_key(path)
+        if winner is not None:
+            return winner
+        os.replace(draft, path)  # the existing file is corrupt
+    except OSError:  # a filesystem without hard links
+        os.replace(draft, path)
+    return None
+
+
+def _write_private_draft(path: Path, key: str) -> Path:
+    draft = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(draft, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_FILE_MODE)
+    with os.fdopen(fd, "wb") as file:
+        file.write(key.encode("ascii") + b"\n")
+        file.flush()
+        os.fsync(file.fileno())
+    return draft
+
+
+def _restrict_to_owner(path: Path) -> None:
+    if os.name == "posix" and path.stat().st_mode & 0o777 != PRIVATE_FILE_MODE:
+        path.chmod(PRIVATE_FILE_MODE)

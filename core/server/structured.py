@@ -1,0 +1,482 @@
+"""Structured output for the API: JSON replies (`response_format`) and tool calls (`tools`).
+
+Everything here is pure: request fields in, GBNF grammars, prompts and parsed replies out. The
+grammar makes the model's reply follow the shape; the parsers turn that reply into OpenAI's.
+
+A tool call is the reply `{"name": "<tool>", "arguments": {...}}`. Its `arguments` text is the
+model's own substring of that value, so the streamed pieces and the non-streamed `ToolCall`
+carry exactly the same string.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llama_cpp.llama_grammar import SchemaConverter
+
+from hearthside.core.errors import HearthsideError
+
+TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+# Validation keywords llama.cpp's schema converter drops silently: a reply could break them.
+UNENFORCEABLE_KEYWORDS = frozenset(
+    {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+        "patternProperties", "propertyNames", "minProperties", "maxProperties",
+        "uniqueItems", "contains", "minContains", "maxContains",
+        "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef",
+    }
+)  # fmt: skip
+SCHEMA_MAP_KEYWORDS = ("properties", "$defs", "definitions")
+SCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SCHEMA_VALUE_KEYWORDS = ("items", "additionalProperties")
+MAX_SCHEMA_DEPTH = 32
+# The converter's string `char` admits raw control characters, which strict JSON parsers reject.
+STRICT_JSON_CHAR_RULE = (
+    r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] '
+    r"[0-9a-fA-F] [0-9a-fA-F])"
+)
+# Plain text in `auto` mode: whatever starts with neither "{" nor a space (the engine drops a
+# reply's leading spaces, so " {" would read as a tool call).
+PLAIN_TEXT_RULES = "plain-text ::= [^{ \\t\\r\\n] [^\\x00]*"
+HEAD_RE = re.compile(
+    r'[ \t\r\n]*\{[ \t\r\n]*"name"[ \t\r\n]*:[ \t\r\n]*("(?:[^"\\]|\\.)*")'
+    r'[ \t\r\n]*,[ \t\r\n]*"arguments"[ \t\r\n]*:[ \t\r\n]*'
+)
+WHITESPACE = " \t\r\n"
+# What llama.cpp's converter raises on schemas it cannot handle (it asserts a lot).
+_CONVERTER_FAILURES = (
+    AssertionError,
+    AttributeError,
+    IndexError,
+    KeyError,
+    RecursionError,
+    TypeError,
+    ValueError,
+)
+
+
+class StructuredOutputError(HearthsideError):
+    """A `response_format`, `tools` or `tool_choice` field is malformed or unsupported."""
+
+
+# ---- JSON schemas to GBNF ----------------------------------------------------------------
+
+
+def _check_schema_supported(schema: Any, path: str = "$", depth: int = 0) -> None:
+    if not isinstance(schema, Mapping):
+        if isinstance(schema, bool) and path != "$":
+            return
+        raise StructuredOutputError(f"The JSON schema at {path} must be an object.")
+    if depth > MAX_SCHEMA_DEPTH:
+        raise StructuredOutputError("The JSON schema is nested too deeply.")
+    unenforceable = sorted(UNENFORCEABLE_KEYWORDS.intersection(schema))
+    if unenforceable:
+        keyword = unenforceable[0]
+        raise StructuredOutputError(
+            f"The JSON schema uses `{keyword}` (at {path}), which Hearthside cannot enforce.",
+            hint=f"Remove `{keyword}` from the schema and check that value yourself.",
+        )
+    ref = schema.get("$ref")
+    if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+        raise StructuredOutputError(
+            f"The JSON schema refers to {ref!r} (at {path}); only local `#/...` refs work."
+        )
+    for child_path, child in _subschemas(schema, path):
+        _check_schema_supported(child, child_path, depth + 1)
+
+
+def _subschemas(schema: Mapping[str, Any], path: str) -> Iterator[tuple[str, Any]]:
+    for keyword in SCHEMA_MAP_KEYWORDS:
+        children = schema.get(keyword)
+        if isinstance(children, Mapping):
+            for key, child in children.items():
+                yield f"{path}.{keyword}.{key}", child
+    for keyword in SCHEMA_LIST_KEYWORDS:
+        children = schema.get(keyword)
+        if isinstance(children, list):
+            for index, child in enumerate(children):
+                yield f"{path}.{keyword}[{index}]", child
+    for keyword in SCHEMA_VALUE_KEYWORDS:
+        child = schema.get(keyword)
+        if isinstance(child, Mapping):
+            yield f"{path}.{keyword}", child
+        elif isinstance(child, list):
+            for index, item in enumerate(child):
+                yield f"{path}.{keyword}[{index}]", item
+
+
+class _GrammarBuilder:
+    """Converts JSON schemas into named GBNF rules of one grammar, then adds a `root`."""
+
+    def __init__(self) -> None:
+        self._converter = SchemaConverter(
+            prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
+        )
+
+    def add_schema(self, schema: Mapping[str, Any], rule_name: str) -> str:
+        """Rules for `schema`; returns the rule that matches it (never `root`)."""
+        _check_schema_supported(schema)
+        own_copy = copy.deepcopy(dict(schema))  # the converter rewrites `$ref`s in place
+        try:
+            resolved = self._converter.resolve_refs(own_copy, "")
+            return str(self._converter.visit(resolved, rule_name))
+        except _CONVERTER_FAILURES as exc:
+            raise StructuredOutputError(
+                f"The JSON schema could not be turned into a grammar ({_short(exc)}).",
+                hint="Simplify the schema: plain types, properties, required, enum, items.",
+            ) from exc
+
+    def grammar(self, root_rule: str, *extra_rules: str) -> str:
+        rules = [_strict_json_rule(line) for line in self._converter.format_grammar().splitlines()]
+        return "\n".join([f"root ::= {root_rule}", *extra_rules, *rules]) + "\n"
+
+
+def _strict_json_rule(line: str) -> str:
+    return STRICT_JSON_CHAR_RULE if line.startswith("char ::= ") else line
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _json_grammar(schema: Mapping[str, Any]) -> str:
+    builder = _GrammarBuilder()
+    reply = builder.add_schema(schema, "json-reply")
+    return builder.grammar(f'" "? {reply}')
+
+
+# ---- response_format ---------------------------------------------------------------------
+
+
+def grammar_for_response_format(response_format: Mapping[str, Any] | None) -> str | None:
+    """The grammar an OpenAI `response_format` asks for; None when the reply is free text."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, Mapping):
+        raise StructuredOutputError("response_format must be an object with a `type`.")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _json_grammar({"type": "object"})
+    if kind == "json_schema":
+        return _json_grammar(_schema_of(response_format.get("json_schema")))
+    raise StructuredOutputError(
+        f"response_format type {kind!r} is not supported; use text, json_object or json_schema."
+    )
+
+
+def _schema_of(json_schema: Any) -> Mapping[str, Any]:
+    if not isinstance(json_schema, Mapping):
+        raise StructuredOutputError(
+            "response_format of type json_schema needs a `json_schema` object."
+        )
+    name = json_schema.get("name")
+    if name is not None and not isinstance(name, str):
+        raise StructuredOutputError("response_format.json_schema.name must be a string.")
+    strict = json_schema.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise StructuredOutputError("response_format.json_schema.strict must be true or false.")
+    schema = json_schema.get("schema", {"type": "object"})
+    if not isinstance(schema, Mapping):
+        raise StructuredOutputError("response_format.json_schema.schema must be an object.")
+    return schema
+
+
+# ---- tools -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One function the model may call; `parameters` is its arguments' JSON schema."""
+
+    name: str
+    description: str | None
+    parameters: dict[str, Any]
+
+
+def parse_tools(tools: Sequence[Mapping[str, Any]] | None) -> tuple[ToolSpec, ...]:
+    """The tools of an OpenAI request (`[{"type": "function", "function": {...}}]`), checked."""
+    if tools is None:
+        return ()
+    if isinstance(tools, str | bytes | Mapping) or not isinstance(tools, Sequence):
+        raise StructuredOutputError("tools must be a list of tool objects.")
+    specs = tuple(_parse_tool(tool, f"tools[{index}]") for index, tool in enumerate(tools))
+    names = [spec.name for spec in specs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise StructuredOutputError(
+            f"Tool names must be unique; repeated: {', '.join(duplicates)}."
+        )
+    return specs
+
+
+def _parse_tool(tool: Any, where: str) -> ToolSpec:
+    if not isinstance(tool, Mapping) or tool.get("type") != "function":
+        raise StructuredOutputError(f'{where} must be an object with "type": "function".')
+    function = tool.get("function")
+    if not isinstance(function, Mapping):
+        raise StructuredOutputError(f"{where}.function must be an object.")
+    name = function.get("name")
+    if not isinstance(name, str) or not TOOL_NAME_RE.fullmatch(name):
+        raise StructuredOutputError(
+            f"{where}.function.name must be 1 to 64 letters, digits, '_' or '-'."
+        )
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise StructuredOutputError(f"{where}.function.description must be a string.")
+    parameters = function.get("parameters", NO_PARAMETERS)
+    if not isinstance(parameters, Mapping):
+        raise StructuredOutputError(f"{where}.function.parameters must be a JSON schema object.")
+    return ToolSpec(name=name, description=description, parameters=copy.deepcopy(dict(parameters)))
+
+
+def tool_prompt(tools: Sequence[ToolSpec]) -> str:
+    """A system-message paragraph that lists the tools and says how to call one."""
+    listed = "\n".join(_tool_line(tool) for tool in tools)
+    return (
+        "You can call the tools listed below. To call one, reply with exactly one JSON object "
+        'and nothing else: {"name": <tool name>, "arguments": <an object that follows the '
+        "tool's parameters schema>}. To answer without a tool, reply in plain text that does "
+        'not start with "{".\n'
+        f"Tools:\n{listed}"
+    )
+
+
+def _tool_line(tool: ToolSpec) -> str:
+    description = f": {tool.description}" if tool.description else ""
+    schema = json.dumps(tool.parameters, ensure_ascii=False)
+    return f"- {tool.name}{description} Parameters (JSON schema): {schema}"
+
+
+def grammar_for_tools(
+    tools: Sequence[ToolSpec], tool_choice: str | Mapping[str, Any] | None
+) -> str | None:
+    """The grammar a `tool_choice` asks for; None when the reply is free text."""
+    choice = "auto" if tool_choice is None else tool_choice
+    if choice == "none" or (not tools and choice == "auto"):
+        return None
+    if choice == "auto":
+        return _tool_grammar(tools, allow_plain_text=True)
+    if choice == "required":
+        if not tools:
+            raise StructuredOutputError('tool_choice "required" needs at least one tool.')
+        return _tool_grammar(tools, allow_plain_text=False)
+    return _tool_grammar([_named_tool(tools, choice)], allow_plain_text=False)
+
+
+def _named_tool(tools: Sequence[ToolSpec], choice: Any) -> ToolSpec:
+    function = choice.get("function") if isinstance(choice, Mapping) else None
+    if not isinstance(function, Mapping) or choice.get("type") != "function":
+        raise StructuredOutputError(
+            'tool_choice must be "none", "auto", "required" or '
+            '{"type": "function", "function": {"name": ...}}.'
+        )
+    name = function.get("name")
+    for tool in tools:
+        if tool.name == name:
+            return tool
+    raise StructuredOutputError(f"tool_choice names {name!r}, which is not among the tools.")
+
+
+def _tool_grammar(tools: Sequence[ToolSpec], *, allow_plain_text: bool) -> str:
+    calls = [_call_schema(tool) for tool in tools]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    builder = _GrammarBuilder()
+    call_rule = builder.add_schema(schema, "tool-call")
+    if allow_plain_text:
+        return builder.grammar(f'" "? ({call_rule} | plain-text)', PLAIN_TEXT_RULES)
+    return builder.grammar(f'" "? {call_rule}')
+
+
+def _call_schema(tool: ToolSpec) -> dict[str, Any]:
+    # "name" comes first so a stream can announce the tool before its arguments.
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+# ---- parsing replies ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made; `arguments` is JSON text, as OpenAI returns it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+def new_tool_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall | None:
+    """The tool call `text` makes, or None when it is a plain answer (or not a valid call)."""
+    stripped = text.strip(WHITESPACE)
+    if not stripped.startswith("{"):
+        return None
+    try:
+        reply = json.loads(stripped)
+    except ValueError:
+        return None
+    if not isinstance(reply, dict) or not isinstance(reply.get("arguments"), dict):
+        return None
+    name = reply.get("name")
+    if not isinstance(name, str) or name not in {tool.name for tool in tools}:
+        return None
+    start, end = _member_spans(stripped)["arguments"]
+    return ToolCall(id=new_tool_call_id(), name=name, arguments=stripped[start:end])
+
+
+def _member_spans(text: str) -> dict[str, tuple[int, int]]:
+    """Where each top-level member's value lies in `text`, a JSON object known to be valid."""
+    decoder = json.JSONDecoder()
+    spans: dict[str, tuple[int, int]] = {}
+    index = _skip_space(text, text.index("{") + 1)
+    while text[index] == '"':
+        key, index = decoder.raw_decode(text, index)
+        value_start = _skip_space(text, _skip_space(text, index) + 1)  # past the ":"
+        _, value_end = decoder.raw_decode(text, value_start)
+        spans[key] = (value_start, value_end)
+        index = _skip_space(text, value_end)
+        if text[index] == ",":
+            index = _skip_space(text, index + 1)
+    return spans
+
+
+def _skip_space(text: str, index: int) -> int:
+    while index < len(text) and text[index] in WHITESPACE:
+        index += 1
+    return index
+
+
+# ---- streaming ---------------------------------------------------------------------------
+
+
+class _JsonValueEnd:
+    """Follows a JSON object or array one character at a time, to see where it ends."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.done = False
+
+    def take(self, char: str) -> None:
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif char == "\\":
+                self.escaped = True
+            elif char == '"':
+                self.in_string = False
+        elif char == '"':
+            self.in_string = True
+        elif char in "{[":
+            self.depth += 1
+        elif char in "}]":
+            self.depth -= 1
+            self.done = self.depth == 0
+
+
+class ToolCallStream:
+    """Turns streamed reply text into OpenAI `chat.completion.chunk` deltas.
+
+    Text is held back until its first non-space character says what the reply is: "{" starts
+    a tool call, anything else is plain content. A tool call is announced (id and whole name)
+    once `"arguments":` has been seen; the arguments' characters then stream as they come, and
+    the outer object's closing brace is dropped. A call in another key order is sent whole by
+    `finish`, which also turns a "{" reply that is no valid call into content.
+    """
+
+    def __init__(self, tools: Sequence[ToolSpec]) -> None:
+        self._tools = tuple(tools)
+        self._names = {tool.name for tool in tools}
+        self.tool_call_id = new_tool_call_id()
+        self._mode = "undecided"  # -> "content" | "head" | "arguments" | "whole"
+        self._held = ""
+        self._arguments = _JsonValueEnd()
+
+    def feed(self, piece: str) -> list[dict[str, Any]]:
+        """The deltas `piece` makes ready."""
+        if self._mode == "content":
+            return _content(piece)
+        if self._mode == "arguments":
+            return self._stream_arguments(piece)
+        self._held += piece
+        if self._mode == "undecided":
+            return self._decide()
+        if self._mode == "head":
+            return self._try_head()
+        return []
+
+    def finish(self) -> tuple[list[dict[str, Any]], str]:
+        """The deltas still held back, and the finish_reason ("tool_calls" or "stop")."""
+        if self._mode == "arguments":
+            return [], "tool_calls"
+        if self._mode in ("head", "whole"):
+            call = parse_tool_call(self._held, self._tools)
+            if call is not None:
+                self.tool_call_id = call.id
+                return [self._announce(call.name), *_arguments(call.arguments)], "tool_calls"
+        held, self._held = self._held, ""
+        return _content(held), "stop"
+
+    def _decide(self) -> list[dict[str, Any]]:
+        stripped = self._held.lstrip(WHITESPACE)
+        if not stripped:
+            return []
+        if stripped.startswith("{"):
+            self._mode = "head"
+            return self._try_head()
+        self._mode = "content"
+        held, self._held = self._held, ""
+        return _content(held)
+
+    def _try_head(self) -> list[dict[str, Any]]:
+        head = HEAD_RE.match(self._held)
+        if head is None or head.end() == len(self._held):
+            return []  # the first character of the arguments says whether they can stream
+        name = json.loads(head.group(1))
+        if name not in self._names or self._held[head.end()] != "{":
+            self._mode = "whole"
+            return []
+        self._mode = "arguments"
+        rest, self._held = self._held[head.end() :], ""
+        return [self._announce(name), *self._stream_arguments(rest)]
+
+    def _stream_arguments(self, piece: str) -> list[dict[str, Any]]:
+        taken = 0
+        while taken < len(piece) and not self._arguments.done:
+            self._arguments.take(piece[taken])
+            taken += 1
+        return _arguments(piece[:taken])
+
+    def _announce(self, name: str) -> dict[str, Any]:
+        call = {"index": 0, "id": self.tool_call_id, "type": "function"}
+        return {"tool_calls": [{**call, "function": {"name": name, "arguments": ""}}]}
+
+
+def _content(piece: str) -> list[dict[str, Any]]:
+    return [{"content": piece}] if piece else []
+
+
+def _arguments(piece: str) -> list[dict[str, Any]]:
+    if not piece:
+        return []
+    return [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}]

@@ -1,0 +1,89 @@
+"""`hearthside serve` as its own process, answering the `openai` client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from hearthside.core.server.keys import load_or_create_api_key
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until_up(base: str, key: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "hearthside serve exited early"
+        try:
+            if httpx.get(f"{base}/health", headers={"Authorization": f"Bearer {key}"}).is_success:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not come up")
+
+
+def test_serve_answers_the_openai_client(default_model_file: Path, hearthside_home: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hearthside.app.cli", "serve", "--model", str(default_model_file),
+         "--port", str(port), "--ctx", "1024"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        key = load_or_create_api_key(hearthside_home / "api_key")
+        base = f"http://127.0.0.1:{port}"
+        wait_until_up(base, key, process)
+        assert (hearthside_home / "api_key").stat().st_mode & 0o777 == 0o600
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        whole = client.chat.completions.create(
+            model="any",
+            messages=question,
+            temperature=0,
+            max_tokens=8,  # type: ignore[arg-type]
+        )
+        assert "Paris" in (whole.choices[0].message.content or "")
+        streamed = client.chat.completions.create(
+            model="any",
+            messages=question,
+            temperature=0,
+            max_tokens=8,
+            stream=True,  # type: ignore[arg-type]
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        assert text == whole.choices[0].message.content
+        refused = httpx.get(f"{base}/v1/models")  # no key
+        assert refused.status_code == 401
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=15)
+        finally:
+            process.kill()
+    assert process.returncode in (0, 130)  # 130: the conventional exit after Ctrl-C
+    assert process.stderr is not None and b"Traceback" not in process.stderr.read()
+
+
+def test_serve_refuses_a_lan_bind_without_a_key(default_model_file: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "hearthside.app.cli", "serve", "--model", str(default_model_file),
+         "--host", "0.0.0.0", "--no-key", "--port", str(free_port())],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
