@@ -52,6 +52,6 @@ def test_no_route_answers_5xx_to_generated_requests(small_server: str, tmp_path:
             "--generation-deterministic",
             "--phases", "examples,coverage,fuzzing",
         ],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,  # its cache stays out of the repo
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,  # keeps its cache out of git
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
