@@ -8,13 +8,14 @@ functions over text or a root folder, so tests feed it recorded output from othe
 from __future__ import annotations
 
 import platform as platform_module
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# engine_build.py is standard-library only (bootstrap runs it before installing anything),
+# so its command runner can serve every probe.
+from hearthside.core.probe.engine_build import run_command
 from hearthside.core.probe.profile import (
     CpuInfo,
     DiskInfo,
@@ -28,20 +29,6 @@ from hearthside.core.probe.profile import (
 )
 
 CommandRunner = Callable[[Sequence[str]], str | None]
-COMMAND_TIMEOUT_S = 5.0
-
-
-def run_command(command: Sequence[str]) -> str | None:
-    """stdout of `command`, or None when the tool is missing, fails or hangs."""
-    if shutil.which(command[0]) is None:
-        return None
-    try:
-        completed = subprocess.run(
-            list(command), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return completed.stdout if completed.returncode == 0 else None
 
 
 def read_text_or_none(path: Path) -> str | None:
