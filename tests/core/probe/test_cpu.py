@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -15,6 +14,7 @@ import pytest
 from hearthside.core.probe import cpu, disks, memory
 from hearthside.core.probe.base import ProbeContext, merge_results
 from hearthside.core.probe.profile import CpuInfo, HardwareProfile
+from tests.core.probe.recorded import recorded_context
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "probe" / "cpu"
 GIB = 1024**3
@@ -37,13 +37,7 @@ MACHINES = {
 
 def fixture_context(name: str) -> ProbeContext:
     platform, machine = MACHINES[name]
-    root = FIXTURES / name
-    sysctl_text = (root / "sysctl.txt").read_text() if platform == "darwin" else None
-
-    def recorded_command(command: Sequence[str]) -> str | None:
-        return sysctl_text if list(command) == ["sysctl", "-a"] else None
-
-    return ProbeContext(root=root, platform=platform, machine=machine, run_command=recorded_command)
+    return recorded_context(FIXTURES / name, platform, machine)
 
 
 def fixture_profile(name: str) -> HardwareProfile:

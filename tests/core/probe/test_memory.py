@@ -3,7 +3,6 @@ hand-checked goldens; cgroup limits honoured only when they bind; the parsers on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from hearthside.core.probe import memory
 from hearthside.core.probe.base import ProbeContext, merge_results
 from hearthside.core.probe.profile import HardwareProfile, MemoryInfo
+from tests.core.probe.recorded import recorded_context
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "probe" / "memory"
 GIB = 1024**3
@@ -27,13 +27,7 @@ MACHINES = {
 
 def fixture_context(name: str) -> ProbeContext:
     platform, machine = MACHINES[name]
-    root = FIXTURES / name
-    sysctl_text = (root / "sysctl.txt").read_text() if platform == "darwin" else None
-
-    def recorded_command(command: Sequence[str]) -> str | None:
-        return sysctl_text if list(command) == ["sysctl", "-a"] else None
-
-    return ProbeContext(root=root, platform=platform, machine=machine, run_command=recorded_command)
+    return recorded_context(FIXTURES / name, platform, machine)
 
 
 def fixture_profile(name: str) -> HardwareProfile:
