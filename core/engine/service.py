@@ -60,6 +60,7 @@ class EngineService:
         self._thread = threading.Thread(target=self._work, name="hearthside-engine", daemon=True)
         self._started = False
         self._stopping = False
+        self._busy = False
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -88,6 +89,16 @@ class EngineService:
     def loaded_config(self) -> EngineConfig | None:
         engine = self._engine
         return engine.config if engine is not None else None
+
+    @property
+    def busy(self) -> bool:
+        """True while a job is running on the engine thread."""
+        return self._busy
+
+    @property
+    def waiting_jobs(self) -> int:
+        """Jobs queued behind the running one (approximate while jobs come and go)."""
+        return self._queue.qsize()
 
     # ---- submitting work ---------------------------------------------------------------
 
@@ -147,12 +158,15 @@ class EngineService:
             return
         if not job.future.set_running_or_notify_cancel():
             return
+        self._busy = True
         try:
             job.future.set_result(job.run(self._engine, job.cancel_event))
         except BaseException as exc:  # the worker must survive whatever one job raises
             if not isinstance(exc, EngineError):
                 log.exception("engine job %s failed", job.description)
             job.future.set_exception(exc)
+        finally:
+            self._busy = False
 
     def _cancel_queued(self) -> None:
         while True:

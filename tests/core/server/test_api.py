@@ -7,7 +7,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -270,12 +270,15 @@ def test_a_full_queue_answers_503_at_once(default_model_file: Path) -> None:
     }
     try:
         with ThreadPoolExecutor(2) as pool:
-            busy = [pool.submit(_post, running, long_story) for _ in range(2)]
-            time.sleep(1.0)  # one runs, one waits in the queue
+            busy = [pool.submit(_post, running, long_story)]
+            _wait_until(lambda: service.busy)
+            busy.append(pool.submit(_post, running, long_story))
+            _wait_until(lambda: service.waiting_jobs == 1)
             with running.http() as http:
                 started = time.monotonic()
                 refused = http.post("/chat/completions", json=long_story)
-                assert time.monotonic() - started < 0.5
+                # A queued reply would take many seconds; a refusal is an HTTP round trip.
+                assert time.monotonic() - started < 2.0
             assert refused.status_code == 503
             assert refused.headers["Retry-After"] == "1"
             assert refused.json()["error"]["code"] == "queue_full"
@@ -283,6 +286,13 @@ def test_a_full_queue_answers_503_at_once(default_model_file: Path) -> None:
     finally:
         controller.stop()
         service.stop()
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the server"
+        time.sleep(0.02)
 
 
 def _post(running: Running, body: dict[str, object]) -> httpx.Response:
