@@ -93,6 +93,46 @@ def ensure_venv() -> None:
     venv.EnvBuilder(with_pip=True).create(VENV)
 
 
+# Qt's runtime libraries for the window, Xvfb for screenshots and the launcher's validator.
+APP_DEBIAN_PACKAGES = (
+    "libegl1",
+    "libgl1",
+    "libxkbcommon0",
+    "libfontconfig1",
+    "libdbus-1-3",
+    "libxcb-cursor0",
+)
+TEST_DEBIAN_PACKAGES = ("xvfb", "xauth", "desktop-file-utils")
+
+
+def install_debian_packages(names: tuple[str, ...]) -> None:
+    """apt-get what is missing, on Debian-like systems where we may (root); elsewhere say what."""
+    if not sys.platform.startswith("linux") or shutil.which("dpkg") is None:
+        return
+    missing = [
+        name
+        for name in names
+        if subprocess.call(
+            ["dpkg", "-s", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        != 0
+    ]
+    if not missing:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        say(f"please install these system packages: {' '.join(missing)}")
+        return
+    say(f"installing system packages: {' '.join(missing)}")
+    apt = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
+    quiet = {
+        "stdout": subprocess.DEVNULL,
+        "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    }
+    if subprocess.call(apt, **quiet) != 0:  # type: ignore[call-overload]
+        run(["apt-get", "update", "-q"], **quiet)
+        run(apt, **quiet)
+
+
 def install(extras: str, backend: str) -> None:
     pip = [venv_python(), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     if not engine_installed():
@@ -176,6 +216,7 @@ def main(argv: list[str]) -> int:
     args = list(argv)
     backend = pop_backend(args)
     testing = bool(args) and args[0] == "test"
+    install_debian_packages(APP_DEBIAN_PACKAGES + (TEST_DEBIAN_PACKAGES if testing else ()))
     ensure_venv()
     install("dev" if testing else "", backend)
     if testing:
