@@ -68,6 +68,18 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class TensorOverride:
+    """Tensors whose names match `pattern` (a regex, searched) live on `device` ("CPU", "CUDA0")."""
+
+    pattern: str
+    device: str
+
+    def to_flag(self) -> str:
+        """The same override as llama.cpp's command-line tools spell it (`-ot`)."""
+        return f"{self.pattern}={self.device}"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """How to load one model. Defaults suit a CPU-only machine."""
 
@@ -91,6 +103,8 @@ class EngineConfig:
     # Gemma 3; without it llama.cpp cannot cut the cache back and re-evaluates everything.
     swa_full: bool = True
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # e.g. MoE expert tensors kept in RAM while the rest is offloaded (llama.cpp's -ot)
+    tensor_overrides: tuple[TensorOverride, ...] = ()
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -158,6 +172,7 @@ class EngineConfig:
         data = dataclasses.asdict(self)
         if self.tensor_split is not None:
             data["tensor_split"] = list(self.tensor_split)
+        data["tensor_overrides"] = [dataclasses.asdict(item) for item in self.tensor_overrides]
         return data
 
     @classmethod
@@ -166,6 +181,9 @@ class EngineConfig:
         if values.get("schema", SCHEMA_VERSION) > SCHEMA_VERSION:
             raise EngineConfigError("These engine settings come from a newer Hearthside.")
         values["speculative"] = SpeculativeConfig(**values.get("speculative", {}))
+        values["tensor_overrides"] = tuple(
+            TensorOverride(**item) for item in values.get("tensor_overrides", ())
+        )
         if values.get("tensor_split") is not None:
             values["tensor_split"] = tuple(values["tensor_split"])
         return cls(**values)

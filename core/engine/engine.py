@@ -23,8 +23,10 @@ from llama_cpp.llama_grammar import LlamaGrammar
 
 from hearthside.core.engine import native_log
 from hearthside.core.engine.config import EngineConfig, SamplingParams
+from hearthside.core.engine.load_report import parse_load_log
 from hearthside.core.engine.stops import StopMatcher
 from hearthside.core.engine.templates import ChatTemplate
+from hearthside.core.engine.tensor_overrides import overrides_applied
 from hearthside.core.errors import (
     ContextOverflowError,
     EngineError,
@@ -115,7 +117,12 @@ class Engine:
         self.config = config
         self.model_path = Path(config.model_path)
         self.model_info = validate_gguf(self.model_path)
-        self._llama = _load_llama(config, verbose=verbose)
+        with (
+            native_log.captured_lines() as log_lines,
+            overrides_applied(config.tensor_overrides) as self._native_overrides,
+        ):  # llama.cpp may read the overrides for the model's life
+            self._llama = _load_llama(config, verbose=verbose)
+        self.load_report = parse_load_log(log_lines)
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         self._abort = _AbortSwitch(self._llama.ctx)
         self.chat_template = self._make_chat_template()

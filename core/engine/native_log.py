@@ -8,9 +8,11 @@ load can say what llama.cpp reported (e.g. "failed to allocate buffer").
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import logging
 import threading
+from collections.abc import Iterator
 
 import llama_cpp
 
@@ -19,6 +21,7 @@ _RECENT_LINES = 64
 _recent: collections.deque[str] = collections.deque(maxlen=_RECENT_LINES)
 _lock = threading.Lock()
 _partial = [""]
+_captures: list[list[str]] = []
 
 
 @llama_cpp.llama_log_callback
@@ -31,11 +34,29 @@ def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None
             if line.strip():
                 _recent.append(line)
                 log.debug("%s", line)
+                for captured in _captures:
+                    captured.append(line)
 
 
 def install() -> None:
     """Route llama.cpp's logging here (idempotent; the callback lives for the process)."""
     llama_cpp.llama_log_set(_on_native_log, ctypes.c_void_p(0))
+
+
+@contextlib.contextmanager
+def captured_lines() -> Iterator[list[str]]:
+    """Every line llama.cpp logs while the block runs (e.g. a load's buffer sizes)."""
+    install()
+    captured: list[str] = []
+    with _lock:
+        _captures.append(captured)
+    try:
+        yield captured
+    finally:
+        with _lock:
+            if _partial[0].strip():
+                captured.append(_partial[0])
+            _captures.remove(captured)
 
 
 def forget() -> None:

@@ -1,0 +1,123 @@
+"""Tensor buffer-type overrides: put tensors whose names match a pattern on a chosen device.
+
+llama.cpp's `llama_model_params.tensor_buft_overrides` (the `-ot` flag of its tools) is how MoE
+expert tensors stay in system RAM while attention and shared weights go to the GPU.
+llama-cpp-python declares the field but never fills it, so this shim builds the
+NULL-terminated array itself and hands it to the loader through the default-params factory
+`Llama.__init__` calls first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import llama_cpp.llama_cpp as bindings
+
+from hearthside.core.engine.config import TensorOverride
+from hearthside.core.errors import EngineError
+
+# Only one load may swap the default-params factory at a time.
+_factory_lock = threading.Lock()
+
+
+class TensorOverrideError(EngineError):
+    """An override names a device the engine lacks, or its pattern is not a valid regex."""
+
+
+class _BufferTypeOverride(ctypes.Structure):
+    # struct llama_model_tensor_buft_override { const char * pattern; buffer_type_t buft; }
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@dataclass
+class NativeOverrides:
+    """The C array and the pattern bytes it points into; alive as long as the model."""
+
+    array: ctypes.Array[_BufferTypeOverride]
+    patterns: list[bytes]
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.array)
+
+
+def engine_device_names() -> list[str]:
+    """The ggml device names this engine build has, e.g. ["CPU"] or ["CUDA0", "CPU"]."""
+    lib = bindings._lib
+    count = _native(lib, "ggml_backend_dev_count", [], ctypes.c_size_t)
+    get = _native(lib, "ggml_backend_dev_get", [ctypes.c_size_t], ctypes.c_void_p)
+    name = _native(lib, "ggml_backend_dev_name", [ctypes.c_void_p], ctypes.c_char_p)
+    return [name(get(index)).decode() for index in range(count())]
+
+
+def native_overrides(overrides: Sequence[TensorOverride]) -> NativeOverrides:
+    """The NULL-terminated array llama.cpp reads; raises for unknown devices and bad regexes."""
+    array = (_BufferTypeOverride * (len(overrides) + 1))()
+    patterns = []
+    for slot, override in zip(array, overrides, strict=False):
+        _check_pattern(override.pattern)
+        patterns.append(override.pattern.encode())
+        slot.pattern = patterns[-1]
+        slot.buft = _buffer_type(override.device)
+    return NativeOverrides(array, patterns)
+
+
+@contextmanager
+def overrides_applied(overrides: Sequence[TensorOverride]) -> Iterator[NativeOverrides | None]:
+    """While active, every new `llama_cpp.Llama` loads with `overrides`; yields what the caller
+    must keep alive for the model's lifetime (None when there are no overrides)."""
+    if not overrides:
+        yield None
+        return
+    native = native_overrides(overrides)
+    original = bindings.llama_model_default_params
+
+    def params_with_overrides() -> Any:
+        params = original()
+        params.tensor_buft_overrides = native.address
+        return params
+
+    with _factory_lock:
+        bindings.llama_model_default_params = params_with_overrides
+        try:
+            yield native
+        finally:
+            bindings.llama_model_default_params = original
+
+
+def _check_pattern(pattern: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise TensorOverrideError(
+            f"The tensor pattern {pattern!r} is not a valid regular expression ({exc}).",
+            hint=r"Write it as llama.cpp's -ot flag expects, e.g. blk\.[0-9]+\.ffn_.*_exps\.",
+        ) from None
+
+
+def _buffer_type(device: str) -> int:
+    lib = bindings._lib
+    by_name = _native(lib, "ggml_backend_dev_by_name", [ctypes.c_char_p], ctypes.c_void_p)
+    buffer_type = _native(lib, "ggml_backend_dev_buffer_type", [ctypes.c_void_p], ctypes.c_void_p)
+    handle = by_name(device.encode())
+    if not handle:
+        known = ", ".join(engine_device_names())
+        raise TensorOverrideError(
+            f"The engine has no device named {device!r}.",
+            hint=f"Use one of: {known}.",
+        )
+    return int(buffer_type(handle))
+
+
+def _native(lib: ctypes.CDLL, name: str, argtypes: list[Any], restype: Any) -> Any:
+    # `lib[name]` is a fresh function object: its types never change llama_cpp's own bindings.
+    function = lib[name]
+    function.argtypes = argtypes
+    function.restype = restype
+    return function
