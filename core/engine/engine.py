@@ -26,7 +26,7 @@ from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.load_report import parse_load_log
 from hearthside.core.engine.stops import StopMatcher
 from hearthside.core.engine.templates import ChatTemplate
-from hearthside.core.engine.tensor_overrides import overrides_applied
+from hearthside.core.engine.tensor_overrides import LlamaWithOverrides, native_overrides
 from hearthside.core.errors import (
     ContextOverflowError,
     EngineError,
@@ -117,10 +117,7 @@ class Engine:
         self.config = config
         self.model_path = Path(config.model_path)
         self.model_info = validate_gguf(self.model_path)
-        with (
-            native_log.captured_lines() as log_lines,
-            overrides_applied(config.tensor_overrides) as self._native_overrides,
-        ):  # llama.cpp may read the overrides for the model's life
+        with native_log.captured_lines() as log_lines:
             self._llama = _load_llama(config, verbose=verbose)
         self.load_report = parse_load_log(log_lines)
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
@@ -462,6 +459,12 @@ def _load_llama(config: EngineConfig, *, verbose: bool) -> llama_cpp.Llama:
     native_log.install()
     native_log.forget()
     try:
+        if config.tensor_overrides:
+            return LlamaWithOverrides(
+                **kwargs,
+                verbose=verbose,
+                tensor_overrides=native_overrides(config.tensor_overrides),
+            )
         return llama_cpp.Llama(**kwargs, verbose=verbose)
     except (ValueError, RuntimeError) as exc:
         reason = native_log.last_failure_line()

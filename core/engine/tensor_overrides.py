@@ -3,27 +3,22 @@
 llama.cpp's `llama_model_params.tensor_buft_overrides` (the `-ot` flag of its tools) is how MoE
 expert tensors stay in system RAM while attention and shared weights go to the GPU.
 llama-cpp-python declares the field but never fills it, so this shim builds the
-NULL-terminated array itself and hands it to the loader through the default-params factory
-`Llama.__init__` calls first.
+NULL-terminated array itself and puts it into one `Llama` instance's model params.
 """
 
 from __future__ import annotations
 
 import ctypes
 import re
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import llama_cpp
 import llama_cpp.llama_cpp as bindings
 
 from hearthside.core.engine.config import TensorOverride
 from hearthside.core.errors import EngineError
-
-# Only one load may swap the default-params factory at a time.
-_factory_lock = threading.Lock()
 
 
 class TensorOverrideError(EngineError):
@@ -68,27 +63,27 @@ def native_overrides(overrides: Sequence[TensorOverride]) -> NativeOverrides:
     return NativeOverrides(array, patterns)
 
 
-@contextmanager
-def overrides_applied(overrides: Sequence[TensorOverride]) -> Iterator[NativeOverrides | None]:
-    """While active, every new `llama_cpp.Llama` loads with `overrides`; yields what the caller
-    must keep alive for the model's lifetime (None when there are no overrides)."""
-    if not overrides:
-        yield None
-        return
-    native = native_overrides(overrides)
-    original = bindings.llama_model_default_params
+class LlamaWithOverrides(llama_cpp.Llama):
+    """A `Llama` whose model loads with tensor buffer-type overrides.
 
-    def params_with_overrides() -> Any:
-        params = original()
-        params.tensor_buft_overrides = native.address
-        return params
+    `Llama.__init__` builds its model params with `llama_model_default_params()`, assigns them
+    to `self.model_params`, sets the fields it knows and then loads the model. Intercepting
+    that one assignment puts the override array into this instance's params only; the array
+    lives on the instance, as long as the model.
+    """
 
-    with _factory_lock:
-        bindings.llama_model_default_params = params_with_overrides
-        try:
-            yield native
-        finally:
-            bindings.llama_model_default_params = original
+    def __init__(self, *args: Any, tensor_overrides: NativeOverrides, **kwargs: Any):
+        self._native_overrides = tensor_overrides
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def model_params(self) -> Any:
+        return self._model_params
+
+    @model_params.setter
+    def model_params(self, params: Any) -> None:
+        params.tensor_buft_overrides = self._native_overrides.address
+        self._model_params = params
 
 
 def _check_pattern(pattern: str) -> None:

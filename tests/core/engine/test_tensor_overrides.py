@@ -5,16 +5,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import llama_cpp.llama_cpp as bindings
 import pytest
 
 from hearthside.core.engine.config import EngineConfig, TensorOverride
 from hearthside.core.engine.engine import Engine
 from hearthside.core.engine.load_report import device_of, parse_load_log
 from hearthside.core.engine.tensor_overrides import (
+    LlamaWithOverrides,
     TensorOverrideError,
     engine_device_names,
-    overrides_applied,
+    native_overrides,
 )
 
 MIB = 1024 * 1024
@@ -58,17 +58,28 @@ def test_an_unknown_device_is_refused_with_the_devices_there_are(
 
 
 def test_a_bad_pattern_is_refused_before_anything_loads() -> None:
-    bad = [TensorOverride("blk.(", "CPU")]
-    with pytest.raises(TensorOverrideError, match="regular expression"), overrides_applied(bad):
-        pass
+    with pytest.raises(TensorOverrideError, match="regular expression"):
+        native_overrides([TensorOverride("blk.(", "CPU")])
 
 
-def test_the_default_params_factory_is_restored_even_after_a_failure() -> None:
-    original = bindings.llama_model_default_params
-    with pytest.raises(RuntimeError), overrides_applied([TensorOverride("ffn", "CPU")]):
-        assert bindings.llama_model_default_params is not original
-        raise RuntimeError("load failed")
-    assert bindings.llama_model_default_params is original
+def test_overrides_stay_with_their_own_model(default_model_file: Path) -> None:
+    """Another model loaded at the same time, without overrides, is untouched by them."""
+    with_overrides = LlamaWithOverrides(
+        str(default_model_file),
+        n_ctx=256,
+        verbose=False,
+        tensor_overrides=native_overrides([TensorOverride("ffn_down", "CPU")]),
+    )
+    try:
+        assert with_overrides.model_params.tensor_buft_overrides
+        plain = Engine(EngineConfig(str(default_model_file), n_ctx=256))
+        try:
+            assert plain.load_report.overridden == {}
+            assert not plain.llama.model_params.tensor_buft_overrides
+        finally:
+            plain.close()
+    finally:
+        with_overrides.close()
 
 
 def test_overrides_round_trip_through_json_settings() -> None:
