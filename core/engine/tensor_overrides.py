@@ -76,7 +76,7 @@ class LlamaWithOverrides(llama_cpp.Llama):
         self._native_overrides = tensor_overrides
         super().__init__(*args, **kwargs)
 
-    @property  # type: ignore[override]
+    @property
     def model_params(self) -> Any:
         return self._model_params
 
