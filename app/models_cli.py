@@ -14,10 +14,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hearthside.app.models_hub_cli import add_hub_commands
 from hearthside.app.progress import ProgressLine
 from hearthside.core.errors import HearthsideError
+from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.models.default_model import ensure_default_model, ensure_default_model_once
-from hearthside.core.models.store import ModelRecord, ModelStore, human_size
+from hearthside.core.models.spec import ModelSpec, TensorGroup, human_params
+from hearthside.core.models.store import DEFAULT_REF, ModelRecord, ModelStore, human_size
 from hearthside.core.paths import data_dir
 
 LIST_JSON_SCHEMA = 1
@@ -61,6 +64,17 @@ def add_models_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
     install = commands.add_parser("install-default", help="install the bundled default model")
     install.set_defaults(handler=_install_default)
+    add_hub_commands(commands)
+
+    showing = commands.add_parser(
+        "show",
+        help="show a model's architecture, parameters and sizes",
+        description="Show the spec the planner uses for a model: an installed model id, "
+        "'default', a .gguf path, a catalog id (e.g. llama-3.1-70b) or a descriptor .json.",
+    )
+    showing.add_argument("ref", metavar="REF", help="what to show (see above)")
+    showing.add_argument("--json", action="store_true", help="print the ModelSpec as JSON")
+    showing.set_defaults(handler=_show_model)
 
 
 # --- plumbing --------------------------------------------------------------------------------
@@ -108,7 +122,7 @@ def format_models(records: Sequence[ModelRecord]) -> str:
     rows = [
         (
             record.id,
-            record.name + (" (linked)" if record.linked else ""),
+            record.name + (" (linked)" if record.linked else "") + _variant_note(record),
             human_size(record.size_bytes),
             record.quant or "?",
             record.architecture or "?",
@@ -121,6 +135,10 @@ def format_models(records: Sequence[ModelRecord]) -> str:
     if notices:
         text += "\n\nLicences:\n" + "\n".join(notices)
     return text
+
+
+def _variant_note(record: ModelRecord) -> str:
+    return f" (variant of {record.variant_of})" if record.variant_of else ""
 
 
 def _describe(record: ModelRecord) -> str:
@@ -199,3 +217,155 @@ def _install_default(args: argparse.Namespace) -> int:
     if record.licence:
         print(record.licence)
     return EXIT_OK
+
+
+@_reports_errors
+def _show_model(args: argparse.Namespace) -> int:
+    with _open_store() as store:
+        if args.ref == DEFAULT_REF:
+            _install_default_on_first_use(store)
+        spec = resolve_spec(args.ref, store)
+    if args.json:
+        print(json.dumps(spec.to_dict(), indent=2))
+    else:
+        print(format_spec(spec))
+    return EXIT_OK
+
+
+# --- `models show` ---------------------------------------------------------------------------
+
+
+def format_spec(spec: ModelSpec) -> str:
+    """The readable summary of a model spec: the numbers, then bytes per tensor group."""
+    lines = [f"{spec.name}  ({spec.architecture}, from {_spec_origin(spec)})", ""]
+    lines += [f"  {label:<13}{value}" for label, value in _spec_facts(spec)]
+    lines += ["", *("  " + row for row in _table(_group_rows(spec)).splitlines())]
+    if spec.unknown:
+        lines += ["", "Could not be determined: " + ", ".join(spec.unknown) + "."]
+    return "\n".join(lines)
+
+
+def _spec_origin(spec: ModelSpec) -> str:
+    kind = {"gguf": "GGUF file", "catalog": "catalog", "descriptor": "descriptor"}
+    where = f" {spec.ref}" if spec.ref else ""
+    return kind.get(spec.source, spec.source) + where
+
+
+def _spec_facts(spec: ModelSpec) -> list[tuple[str, str]]:
+    facts = [
+        ("parameters", _params_text(spec)),
+        ("layers", _layers_text(spec)),
+        ("widths", _widths_text(spec)),
+        ("attention", _attention_text(spec)),
+        ("experts", _experts_text(spec)),
+        ("context", f"{_num(spec.context_length)} tokens (trained)"),
+        (
+            "vocabulary",
+            _num(spec.vocab_size) + (", tied to the output" if spec.tied_embeddings else ""),
+        ),
+        ("weights", _weights_text(spec)),
+        ("KV cache", _kv_text(spec)),
+    ]
+    if spec.licence:
+        facts.append(("licence", spec.licence))
+    if spec.gguf_repo:
+        facts.append(("GGUF on hub", spec.gguf_repo))
+    return facts
+
+
+def _num(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def _vocab_text(spec: ModelSpec) -> str:
+    return _num(spec.vocab_size) + (", tied to the output" if spec.tied_embeddings else "")
+
+
+def _params_text(spec: ModelSpec) -> str:
+    text = f"{human_params(spec.total_params)} total"
+    if spec.n_expert:
+        text += f", {human_params(spec.active_params)} active per token"
+    return text
+
+
+def _widths_text(spec: ModelSpec) -> str:
+    no_dense_ffn = spec.n_ff is None and spec.n_ff_expert is not None
+    ffn = "no dense FFN" if no_dense_ffn else f"FFN {_num(spec.n_ff)}"
+    return f"embedding {_num(spec.n_embd)}, {ffn}"
+
+
+def _layers_text(spec: ModelSpec) -> str:
+    text = _num(spec.n_layers)
+    if spec.sliding_window is not None:
+        text += (
+            f" ({len(spec.swa_layers)} with a {spec.sliding_window:,}-token sliding window, "
+            f"{len(spec.layers) - len(spec.swa_layers)} global)"
+        )
+    return text
+
+
+def _attention_text(spec: ModelSpec) -> str:
+    kv_heads = _num(spec.n_head_kv) + (" latent (MLA)" if spec.mla else "")
+    kv_label = "KV head" if spec.n_head_kv == 1 else "KV heads"
+    return (
+        f"{_num(spec.n_head)} heads, {kv_heads} {kv_label}, "
+        f"head dims K {_num(spec.head_dim_k)} / V {_num(spec.head_dim_v)}"
+    )
+
+
+def _experts_text(spec: ModelSpec) -> str:
+    if not spec.n_expert:
+        return "none (dense)"
+    text = f"{spec.n_expert} routed, {spec.n_expert_used} used per token"
+    if spec.n_expert_shared:
+        text += f", {spec.n_expert_shared} shared"
+    if spec.n_ff_expert:
+        text += f", FFN {spec.n_ff_expert:,} each"
+    if spec.n_layer_dense_lead:
+        text += f"; first {spec.n_layer_dense_lead} layers dense"
+    return text
+
+
+def _weights_text(spec: ModelSpec) -> str:
+    size = "?" if spec.size_bytes is None else human_size(spec.size_bytes)
+    bits = "?" if spec.bits_per_weight is None else f"{spec.bits_per_weight:.2f}"
+    return f"{spec.file_type or 'custom'}, {bits} bits per weight, {size}"
+
+
+def _kv_text(spec: ModelSpec) -> str:
+    try:
+        per_token = spec.kv_bytes_per_token()
+    except HearthsideError:
+        return "?"
+    text = f"{per_token / 1024:,.1f} KiB per token at f16"
+    if spec.sliding_window is not None:
+        text += " (global layers; sliding-window layers hold a fixed window)"
+    return text
+
+
+def _group_rows(spec: ModelSpec) -> list[tuple[str, str, str, str]]:
+    def summed(name: str) -> TensorGroup:
+        return TensorGroup.sum(getattr(layer, name) for layer in spec.layers)
+
+    groups = [
+        ("embeddings", spec.embeddings),
+        ("output", spec.output),
+        ("output norm", spec.output_norm),
+        ("attention", summed("attention")),
+        ("dense FFN", summed("ffn")),
+        ("experts", summed("experts")),
+        ("shared experts", summed("shared_experts")),
+        ("norms", summed("norms")),
+        ("router, other", summed("other")),
+        ("other tensors", spec.other_tensors),
+    ]
+    rows = [("TENSORS", "PARAMS", "SIZE", "TYPES")]
+    for label, group in groups:
+        if group.params == 0 and not (label == "output" and spec.tied_embeddings):
+            continue
+        if group.params == 0:
+            rows.append((label, "-", "-", "tied to embeddings"))
+            continue
+        types = ", ".join(group.quant_types) or "?"
+        rows.append((label, human_params(group.params), human_size(group.bytes), types))
+    return rows

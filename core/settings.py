@@ -6,7 +6,7 @@ and the field defaults below.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,4 +26,17 @@ class Settings(BaseSettings):
     temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="Sampling temperature.")
     max_queue: int = Field(
         default=8, ge=1, le=256, description="Requests that may wait for the engine at once."
+    )
+    hub_endpoint: str = Field(
+        default="https://huggingface.co",
+        description="The model hub's address (https only) for search and downloads.",
+    )
+    hub_allow_insecure_loopback: bool = Field(
+        default=False,
+        description="For tests: allow plain http when hub_endpoint is a loopback IP address "
+        "(127.0.0.1, ::1). It has no effect for any other host.",
+    )
+    hub_token: SecretStr | None = Field(
+        default=None,
+        description="Hub access token for private or gated repos; sent only to hub_endpoint.",
     )

@@ -9,12 +9,20 @@ Model files live in `models_dir(root)`. A model added by copy is written to `<id
 hashed in the same pass, fsynced, renamed into place and only then registered, so a crash at
 any point leaves no half-registered model. A linked model stays where the user keeps it and is
 never deleted by Hearthside.
+
+Installers that write model files themselves (hub downloads, local re-quantization) put the
+finished file in the models dir and call `register_installed`. A split GGUF
+(`<id>-00001-of-00003.gguf` ...) is one model: the registry points at the first part, llama.cpp
+loads the others from the same folder, and removing the model deletes every part. A model made
+from another one records it in `variant_of`; `source` says where a model came from ("file",
+"default", "hub:owner/repo/file.gguf", "quantized:<source id>").
 """
 
 from __future__ import annotations
 
 import builtins
 import errno
+import glob
 import hashlib
 import os
 import re
@@ -36,7 +44,7 @@ from hearthside.core.models.child_check import check_loads_in_child
 from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
 from hearthside.core.paths import ensure_private_dir, is_within, make_private_file, models_dir
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DB_FILE_NAME = "models.db"
 MODEL_SUFFIX = ".gguf"
 PART_SUFFIX = ".part"
@@ -51,7 +59,12 @@ STALE_PART_AGE_S = 15 * 60
 
 SOURCE_DEFAULT = "default"
 SOURCE_FILE = "file"
+SOURCE_HUB_PREFIX = "hub:"
+SOURCE_QUANTIZED_PREFIX = "quantized:"
 _SOURCES = frozenset({SOURCE_DEFAULT, SOURCE_FILE})
+_SOURCE_PREFIXES = (SOURCE_HUB_PREFIX, SOURCE_QUANTIZED_PREFIX)
+_MAX_SOURCE_LENGTH = 512
+_SPLIT_NAME_PATTERN = re.compile(r"(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf")
 _RESERVED_IDS = frozenset({DEFAULT_REF})
 _MODEL_ID_PATTERN = re.compile(r"[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?")
 _LIST_HINT = "Run `hearthside models list` to see what is installed."
@@ -77,6 +90,8 @@ class ModelRecord:
     licence: str | None
     is_default: bool
     linked: bool
+    variant_of: str | None = None  # the id of the model this one was made from
+    part_count: int = 1  # files of a split GGUF; `path` is the first, `size_bytes` their sum
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -114,6 +129,30 @@ def _shown(text: str) -> str:
 
 def part_path_for(target: Path) -> Path:
     return target.with_name(target.name + PART_SUFFIX)
+
+
+def split_file_name(prefix: str, index: int, count: int) -> str:
+    """llama.cpp's name for part `index` (1-based) of `count`: `<prefix>-00002-of-00003.gguf`."""
+    return f"{prefix}-{index:05d}-of-{count:05d}{MODEL_SUFFIX}"
+
+
+def split_part_paths(first_part: Path, count: int) -> builtins.list[Path]:
+    """Every part of a split GGUF, from the first part's path (itself when `count` is 1)."""
+    match = _SPLIT_NAME_PATTERN.fullmatch(first_part.name)
+    if count <= 1 or match is None:
+        return [first_part]
+    prefix = match.group("prefix")
+    return [first_part.with_name(split_file_name(prefix, i, count)) for i in range(1, count + 1)]
+
+
+def is_valid_source(source: str) -> bool:
+    if source in _SOURCES:
+        return True
+    return (
+        source.startswith(_SOURCE_PREFIXES)
+        and len(source) <= _MAX_SOURCE_LENGTH
+        and source.isprintable()
+    )
 
 
 def commit_part_file(part: Path, target: Path) -> None:
@@ -301,8 +340,16 @@ def _create_schema_v1(db: sqlite_utils.Database) -> None:
     db.execute("CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
 
 
+def _add_variants_and_parts_v2(db: sqlite_utils.Database) -> None:
+    db.execute("ALTER TABLE models ADD COLUMN variant_of TEXT")
+    db.execute("ALTER TABLE models ADD COLUMN part_count INTEGER NOT NULL DEFAULT 1")
+
+
 # MIGRATIONS[n] takes a database at schema n to schema n + 1.
-_MIGRATIONS: dict[int, Callable[[sqlite_utils.Database], None]] = {0: _create_schema_v1}
+_MIGRATIONS: dict[int, Callable[[sqlite_utils.Database], None]] = {
+    0: _create_schema_v1,
+    1: _add_variants_and_parts_v2,
+}
 
 
 def _schema_version(db: sqlite_utils.Database) -> int:
@@ -458,7 +505,8 @@ class ModelStore:
             self._db.execute("DELETE FROM models WHERE id = ?", [record.id])
         if delete_file and self.owns_file(record):
             try:
-                record.path.unlink(missing_ok=True)
+                for path in self.files_of(record):
+                    path.unlink(missing_ok=True)
             except OSError as exc:
                 raise ModelStoreError(
                     f"Removed '{record.id}' from the registry, but could not delete its file.",
@@ -477,20 +525,89 @@ class ModelStore:
         """True when deleting the model may delete its file: never for a user's linked file."""
         return not record.linked and is_within(record.path, self.models_dir)
 
+    def files_of(self, record: ModelRecord) -> builtins.list[Path]:
+        """The model's file, or every part of a split model, first part first."""
+        return split_part_paths(record.path, record.part_count)
+
+    def find_by_source(self, source: str) -> ModelRecord | None:
+        records = self._select("source = ?", [source])
+        return records[0] if records else None
+
+    def variants_of(self, model_id: str) -> builtins.list[ModelRecord]:
+        return self._select("variant_of = ?", [model_id])
+
     # -- helpers for installers that write into the models dir themselves --
 
     def unused_model_path(self, preferred_id: str) -> Path:
         """`<models dir>/<id>.gguf` for an id that neither a model nor a file uses yet."""
-        model_id = self._unused_id(slugify_model_id(preferred_id), avoid_files=True)
-        return self.models_dir / f"{model_id}{MODEL_SUFFIX}"
+        return self.models_dir / f"{self.unused_model_id(preferred_id)}{MODEL_SUFFIX}"
 
-    def check_free_space(self, needed_bytes: int) -> None:
+    def unused_model_id(self, preferred_id: str) -> str:
+        """An id from `preferred_id` that no model uses and no file in the models dir starts
+        with (`<id>.gguf`, its `.part`, or the parts `<id>-00001-of-0000N.gguf` of a split)."""
+        return self._unused_id(slugify_model_id(preferred_id), avoid_files=True)
+
+    @property
+    def downloads_dir(self) -> Path:
+        """Where unfinished downloads wait to be resumed; the stale-part cleanup on open
+        never looks here, so a download paused for a week still resumes."""
+        return ensure_private_dir(self.models_dir / "downloads")
+
+    def register_installed(
+        self,
+        path: Path,
+        *,
+        model_id: str,
+        source: str,
+        part_count: int = 1,
+        name: str | None = None,
+        licence: str | None = None,
+        variant_of: str | None = None,
+        sha256: str | None = None,
+        check_native: bool = True,
+    ) -> ModelRecord:
+        """Register a model file an installer has already put in the models dir.
+
+        `path` is the file (the first part of a split model, whose other parts lie next to it
+        with llama.cpp's names). Every part is validated; the first is loaded once in a child
+        process. `sha256` is the first part's digest when the installer has just computed it
+        from the bytes it wrote; otherwise the file is hashed here.
+        """
+        if not is_valid_source(source):
+            raise ValueError(f"unknown model source {source!r}")
+        if not is_valid_model_id(model_id) or model_id in _RESERVED_IDS:
+            raise ValueError(f"not a model id: {model_id!r}")
+        if not is_within(path, self.models_dir):
+            raise ValueError(f"{path} is not in the models dir")
+        parts = split_part_paths(path, part_count)
+        if len(parts) != part_count:
+            raise ValueError(f"{path.name} is not named like part 1 of {part_count}")
+        infos = [validate_gguf(_require_model_file(part)) for part in parts]
+        if check_native:
+            check_loads_in_child(path)
+        digest = sha256.lower() if sha256 is not None else hash_file(path)
+        self._refuse_duplicate(digest)
+        relative = path.resolve().relative_to(self.models_dir.resolve()).as_posix()
+        details = _Details(
+            name=name,
+            source=source,
+            licence=licence,
+            variant_of=variant_of,
+            part_count=part_count,
+            size_bytes=sum(info.file_size for info in infos),
+            parameter_count=sum(info.parameter_count for info in infos),
+        )
+        return self._insert(model_id, relative, False, digest, infos[0], details)
+
+    def check_free_space(self, needed_bytes: int, *, hint: str | None = None) -> None:
         free_bytes = shutil.disk_usage(self.models_dir).free
         if free_bytes < needed_bytes + FREE_SPACE_MARGIN_BYTES:
             raise ModelStoreError(
                 f"Not enough free disk space for this model: it needs {human_size(needed_bytes)} "
-                f"and {human_size(free_bytes)} is free where Hearthside keeps models.",
-                hint="Free some space, or add the model with --link to use the file where it is.",
+                f"and {human_size(free_bytes)} is free where Hearthside keeps models "
+                f"({self.models_dir}).",
+                hint=hint
+                or "Free some space, or add the model with --link to use the file where it is.",
             )
 
     def default_model_installed_before(self) -> bool:
@@ -541,6 +658,8 @@ class ModelStore:
             licence=row["licence"],
             is_default=bool(row["is_default"]),
             linked=linked,
+            variant_of=row["variant_of"],
+            part_count=row["part_count"],
         )
 
     def _managed_path(self, model_id: str, file_name: str) -> Path:
@@ -576,10 +695,16 @@ class ModelStore:
         while True:
             suffix = "" if number == 1 else f"-{number}"
             candidate = base[: MAX_ID_LENGTH - len(suffix)].rstrip("-._") + suffix
-            file_taken = avoid_files and (self.models_dir / f"{candidate}{MODEL_SUFFIX}").exists()
+            file_taken = avoid_files and self._files_start_with(candidate)
             if candidate not in taken and not file_taken:
                 return candidate
             number += 1
+
+    def _files_start_with(self, model_id: str) -> bool:
+        names = (f"{model_id}{MODEL_SUFFIX}", f"{model_id}{MODEL_SUFFIX}{PART_SUFFIX}")
+        if any((self.models_dir / name).exists() for name in names):
+            return True
+        return any(self.models_dir.glob(f"{glob.escape(model_id)}-?????-of-?????{MODEL_SUFFIX}"))
 
     def _register_in_place(
         self,
@@ -639,15 +764,17 @@ class ModelStore:
             "name": details.name or info.model_name or model_id,
             "file": file,
             "linked": int(linked),
-            "size_bytes": info.file_size,
+            "size_bytes": details.size_bytes or info.file_size,
             "sha256": sha256,
             "architecture": info.architecture,
             "quant": info.quant_name,
-            "parameter_count": info.parameter_count,
+            "parameter_count": details.parameter_count or info.parameter_count,
             "added_at": _utc_now(),
             "source": details.source,
             "licence": details.licence,
             "is_default": 0,
+            "variant_of": details.variant_of,
+            "part_count": details.part_count,
         }
         try:
             with _classified_sqlite_errors():
@@ -665,6 +792,10 @@ class _Details:
     name: str | None
     source: str
     licence: str | None
+    variant_of: str | None = None
+    part_count: int = 1
+    size_bytes: int | None = None  # all parts together; None: the one file's size
+    parameter_count: int | None = None  # all parts together; None: the one file's count
 
 
 def _utc_now() -> str:

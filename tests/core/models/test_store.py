@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlite_utils
 
 from hearthside.core.errors import EngineError, ModelFileError, ModelStoreError
 from hearthside.core.models import store as store_module
@@ -35,6 +36,7 @@ from hearthside.core.models.store import (
 )
 from hearthside.core.paths import data_dir
 from tests.gguf_samples import write_tiny_gguf
+from tests.hub_server import write_llama_gguf
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -513,3 +515,90 @@ def test_child_exit_codes_map_to_plain_errors(tiny: Path) -> None:
 def test_the_child_gets_the_path_as_its_last_argument(tiny: Path) -> None:
     expects_path = _child(f"import sys; raise SystemExit(0 if sys.argv[1] == {str(tiny)!r} else 9)")
     check_loads_in_child(tiny, command=expects_path)
+
+
+# --- schema 2: variants, split models, installers ----------------------------------------------
+
+
+def test_a_schema_1_registry_is_migrated_and_keeps_its_models(tiny: Path) -> None:
+    db_path = data_dir() / "models.db"
+    legacy = sqlite_utils.Database(sqlite3.connect(db_path, isolation_level=None))
+    store_module._create_schema_v1(legacy)
+    legacy.execute("PRAGMA user_version = 1")
+    legacy.table("models").insert(
+        {
+            "id": "old-model",
+            "name": "Old model",
+            "file": str(tiny.resolve()),
+            "linked": 1,
+            "size_bytes": tiny.stat().st_size,
+            "sha256": sha256_of(tiny),
+            "added_at": "2025-01-01T00:00:00+00:00",
+            "source": "file",
+            "is_default": 1,
+        }
+    )
+    legacy.conn.close()
+
+    with ModelStore(data_dir()) as migrated:
+        [record] = migrated.list()
+        assert (record.id, record.is_default, record.path) == ("old-model", True, tiny.resolve())
+        assert (record.variant_of, record.part_count) == (None, 1)
+    with raw_registry(db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_an_installed_split_model_is_one_model_and_removing_it_deletes_every_part(
+    store: ModelStore,
+) -> None:
+    parts = write_llama_gguf(
+        store.models_dir / "split-model.gguf", hidden=128, feed_forward=256, split_max_tensors=6
+    )
+    assert [p.name for p in parts] == [
+        "split-model-00001-of-00002.gguf",
+        "split-model-00002-of-00002.gguf",
+    ]
+    assert store.unused_model_id("split-model") == "split-model-2"  # its files hold the name
+
+    record = store.register_installed(
+        parts[0],
+        model_id="split-model",
+        source="hub:acme/m/split-model-00001-of-00002.gguf",
+        part_count=2,
+        variant_of=None,
+        check_native=False,
+    )
+
+    assert record.size_bytes == sum(p.stat().st_size for p in parts)
+    assert record.sha256 == sha256_of(parts[0])
+    assert store.files_of(record) == parts
+    assert store.find_by_source("hub:acme/m/split-model-00001-of-00002.gguf") == record
+    store.remove(record.id)
+    assert files_in(store.models_dir) == []
+
+
+def test_register_installed_refuses_what_an_installer_must_not_do(
+    store: ModelStore, tiny: Path
+) -> None:
+    inside = store.models_dir / "inside.gguf"
+    shutil.copy(tiny, inside)
+    with pytest.raises(ValueError, match="unknown model source"):
+        store.register_installed(inside, model_id="inside", source="http://x", check_native=False)
+    with pytest.raises(ValueError, match="not in the models dir"):
+        store.register_installed(tiny, model_id="outside", source="file", check_native=False)
+    with pytest.raises(ValueError, match="not named like part 1 of 2"):
+        store.register_installed(
+            inside, model_id="inside", source="file", part_count=2, check_native=False
+        )
+    with pytest.raises(ValueError, match="not a model id"):
+        store.register_installed(inside, model_id="default", source="file", check_native=False)
+
+    variant = store.register_installed(
+        inside,
+        model_id="inside-q8_0",
+        source="quantized:base",
+        variant_of="base",
+        check_native=False,
+    )
+    assert store.variants_of("base") == [variant]
+    assert variant.to_dict()["variant_of"] == "base"
