@@ -60,6 +60,8 @@ class DeviceMemory:
     kv_bytes: int = 0
     compute_bytes: int = 0
     output_bytes: int = 0
+    expert_bytes: int = 0  # the routed experts among the weights (a token reads a few)
+    lookup_bytes: int = 0  # input embeddings: a token reads one row of them, not all
     layers: list[int] = field(default_factory=list)
 
     @property
@@ -213,6 +215,8 @@ def _place_weights(
     mapped: list[WeightPiece] = []
     for piece in pieces:
         device = _device_of_piece(piece, placement, config)
+        if "_exps" in piece.name:
+            estimate.device(device).expert_bytes += piece.bytes
         if device != CPU:
             estimate.device(device).weights_bytes += piece.bytes
             continue
@@ -224,10 +228,13 @@ def _place_weights(
         mapped.append(piece)
     estimate.device(CPU).weights_bytes += _mapped_bytes(mapped, config.use_mmap)
     output_device = placement.device_of(placement.n_layers)
-    if tied_embeddings and output_device != CPU:
-        embeddings = next((p for p in pieces if p.name.startswith("token_embd")), None)
-        if embeddings is not None:  # the output layer gets its own copy of the embeddings
-            estimate.device(output_device).weights_bytes += embeddings.bytes
+    embeddings = next((p for p in pieces if p.name.startswith("token_embd")), None)
+    if embeddings is None:
+        return
+    if not (tied_embeddings and output_device == CPU):  # else the output matmul reads them all
+        estimate.device(CPU).lookup_bytes += embeddings.bytes
+    if tied_embeddings and output_device != CPU:  # the output layer gets its own copy
+        estimate.device(output_device).weights_bytes += embeddings.bytes
 
 
 def _mapped_bytes(pieces: Sequence[WeightPiece], use_mmap: bool) -> int:

@@ -1,0 +1,503 @@
+"""The planner: for a model on a machine, the settings to load it with, and why.
+
+A pure function of the model spec, the hardware profile and the goal (plus calibration
+figures when there are some): it enumerates candidates — GPU layers, MoE experts kept on the
+CPU, KV-cache type, context — sizes each with the memory model, drops those that do not fit,
+predicts their speed, and returns the best for the goal with a reason per setting and the
+runners-up. When nothing fits in memory it says what would (a shorter context, a smaller
+quant) and, if the weights can be streamed from disk, how fast that would be.
+
+Speed here is the ESTIMATE rigor of the tuning loop: decode is bounded by the bytes each token
+reads from each memory tier over that tier's bandwidth (only the active experts of a MoE),
+prefill by compute. Measured runs in the autotune DB outrank it (the tuner's job).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from hearthside.autotune.memory import (
+    CPU,
+    MemoryEstimate,
+    estimate_memory,
+    repacked_types,
+)
+from hearthside.core.engine.config import EngineConfig, TensorOverride
+from hearthside.core.models.spec import ModelSpec
+from hearthside.core.probe.profile import GpuInfo, HardwareProfile
+
+PLAN_SCHEMA = 1
+Goal = Literal["fastest", "quality", "longest-context", "balanced"]
+GOALS: tuple[Goal, ...] = ("fastest", "quality", "longest-context", "balanced")
+Confidence = Literal["estimated", "calibrated", "measured"]
+GIB = 1 << 30
+DEFAULT_CONTEXT = 8192
+MIN_CONTEXT = 2048
+DEFAULT_FREE_MARGIN_BYTES = 2 * GIB  # "keep this much free for my other apps"
+GPU_RUNTIME_BYTES = 512 * 1024 * 1024  # CUDA/ROCm context and driver allocations per GPU
+# Share of peak bandwidth and compute llama.cpp reaches before calibration teaches better.
+DECODE_EFFICIENCY = 0.6
+PREFILL_EFFICIENCY = 0.35
+CPU_FLOPS_PER_CYCLE = 32  # AVX2 FMA on fp32: 2 units x 8 lanes x 2
+ASSUMED_CPU_HZ = 3.0e9
+ASSUMED_CPU_BANDWIDTH = 20e9  # bytes/s, a dual-channel desktop, until calibrated
+ASSUMED_DISK_BANDWIDTH = 1.0e9
+PROMPT_TOKENS_FOR_TTFT = 512
+KV_CHOICES = ("f16", "q8_0", "q4_0")
+
+
+@dataclass(frozen=True)
+class Reason:
+    setting: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """One memory tier: what the plan puts there and what is left."""
+
+    device: str
+    capacity_bytes: int  # usable: total minus the margin and runtime overhead
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    overhead_bytes: int
+
+    @property
+    def used_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - self.used_bytes
+
+
+@dataclass(frozen=True)
+class SpeedEstimate:
+    prefill_tps: float
+    decode_tps: float
+    ttft_s: float
+    decode_bound_by: str  # the tier that takes most of each token's time
+
+
+@dataclass(frozen=True)
+class Candidate:
+    config: EngineConfig
+    devices: tuple[DeviceBudget, ...]
+    speed: SpeedEstimate
+    fits: bool
+    streams_from_disk: bool
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "n_gpu_layers": self.config.n_gpu_layers,
+            "expert_layers_on_cpu": cpu_expert_layers(self.config),
+            "type_k": self.config.type_k,
+            "n_ctx": self.config.n_ctx,
+            "decode_tps": round(self.speed.decode_tps, 1),
+            "prefill_tps": round(self.speed.prefill_tps, 1),
+            "fits": self.fits,
+            "streams_from_disk": self.streams_from_disk,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    goal: Goal
+    config: EngineConfig
+    devices: tuple[DeviceBudget, ...]
+    speed: SpeedEstimate
+    fits: bool
+    streams_from_disk: bool
+    confidence: Confidence
+    reasons: tuple[Reason, ...]
+    alternatives: tuple[dict[str, Any], ...]
+    advice: tuple[str, ...] = ()
+    schema: int = PLAN_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["config"] = self.config.to_dict()
+        data["devices"] = [
+            {**asdict(device), "used_bytes": device.used_bytes, "free_bytes": device.free_bytes}
+            for device in self.devices
+        ]
+        return data
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The planner's view of a profile: tiers with capacity, bandwidth and compute."""
+
+    gpus: tuple[str, ...]  # engine device names, in order
+    gpu_infos: tuple[GpuInfo, ...]
+    ram_bytes: int
+    cpu_bandwidth: float
+    cpu_flops: float
+    disk_bandwidth: float
+    unified: bool
+    repacked: frozenset[str] = field(default_factory=frozenset)
+    calibrated: bool = False
+
+
+def plan(
+    spec: ModelSpec,
+    profile: HardwareProfile,
+    *,
+    goal: Goal = "balanced",
+    n_ctx: int | None = None,
+    free_margin_bytes: int = DEFAULT_FREE_MARGIN_BYTES,
+    calibration: dict[str, float] | None = None,
+    expert_placement: bool = True,
+) -> Plan:
+    """The settings for `spec` on `profile`. `calibration` may give measured
+    "cpu_read_bytes_per_s", "cpu_flops" and "disk_read_bytes_per_s"; `expert_placement=False`
+    limits a MoE to whole-layer offload (what tools without `-ot` can do)."""
+    machine = describe_machine(profile, calibration or {})
+    contexts = _contexts(spec, goal, n_ctx)
+    candidates = [
+        _evaluate(spec, machine, config, free_margin_bytes)
+        for config in _configs(spec, machine, contexts, profile, expert_placement)
+    ]
+    fitting = [candidate for candidate in candidates if candidate.fits]
+    pool = fitting or [c for c in candidates if c.streams_from_disk]
+    if not pool:
+        return _nothing_fits(spec, goal, candidates, machine)
+    ranked = sorted(pool, key=lambda candidate: _score(candidate, goal), reverse=True)
+    best = ranked[0]
+    return Plan(
+        model=spec.name,
+        goal=goal,
+        config=best.config,
+        devices=best.devices,
+        speed=best.speed,
+        fits=best.fits,
+        streams_from_disk=best.streams_from_disk,
+        confidence="calibrated" if machine.calibrated else "estimated",
+        reasons=tuple(_reasons(spec, machine, best, candidates, goal)),
+        alternatives=tuple(candidate.summary() for candidate in ranked[1:4]),
+        advice=tuple(_advice(spec, best)),
+    )
+
+
+def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) -> Machine:
+    engine_devices = profile.engine.devices if profile.engine else ()
+    gpu_devices = [device.name for device in engine_devices if device.kind == "gpu"]
+    gpu_infos = tuple(gpu for gpu in profile.gpus if not gpu.integrated or gpu.unified_memory)
+    gpus = tuple(gpu_devices[: len(gpu_infos)])
+    cpu = profile.cpu
+    cores = cpu.performance_cores or cpu.physical_cores or 1
+    ram = profile.memory.cgroup_limit_bytes or profile.memory.total_bytes or 8 * GIB
+    disk = next((d.read_bytes_per_s for d in profile.disks if d.read_bytes_per_s), None)
+    return Machine(
+        gpus=gpus,
+        gpu_infos=gpu_infos[: len(gpus)],
+        ram_bytes=ram,
+        cpu_bandwidth=calibration.get("cpu_read_bytes_per_s")
+        or profile.memory.bandwidth_bytes_per_s
+        or ASSUMED_CPU_BANDWIDTH,
+        cpu_flops=calibration.get("cpu_flops")
+        or cores * (cpu.max_frequency_hz or ASSUMED_CPU_HZ) * CPU_FLOPS_PER_CYCLE,
+        disk_bandwidth=calibration.get("disk_read_bytes_per_s") or disk or ASSUMED_DISK_BANDWIDTH,
+        unified=any(gpu.unified_memory for gpu in gpu_infos),
+        repacked=repacked_types(cpu.flags, cpu.arch),
+        calibrated=bool(calibration),
+    )
+
+
+def _contexts(spec: ModelSpec, goal: Goal, n_ctx: int | None) -> list[int]:
+    trained = spec.context_length or DEFAULT_CONTEXT
+    if n_ctx is not None:
+        return [n_ctx]
+    if goal == "longest-context":
+        sizes, size = [], trained
+        while size >= MIN_CONTEXT:
+            sizes.append(size)
+            size //= 2
+        return sizes or [trained]
+    return sorted({min(trained, DEFAULT_CONTEXT), min(trained, MIN_CONTEXT * 2)}, reverse=True)
+
+
+def _configs(
+    spec: ModelSpec,
+    machine: Machine,
+    contexts: Sequence[int],
+    profile: HardwareProfile,
+    expert_placement: bool,
+) -> list[EngineConfig]:
+    n_layers = spec.n_layers or len(spec.layers)
+    placements: list[tuple[int, tuple[TensorOverride, ...]]] = [
+        (layers, ()) for layers in (_layer_counts(n_layers) if machine.gpus else [0])
+    ]
+    if (
+        spec.n_expert and machine.gpus and expert_placement
+    ):  # every layer on the GPU but the first N's experts
+        placements += [(-1, experts_on_cpu(n)) for n in _layer_counts(n_layers)[1:-1]]
+    configs = []
+    for n_ctx in contexts:
+        for kv in KV_CHOICES:
+            for layers, overrides in placements:
+                configs.append(
+                    EngineConfig(
+                        model_path=spec.ref or spec.name,
+                        n_ctx=n_ctx,
+                        n_gpu_layers=layers,
+                        type_k=kv,
+                        type_v=kv,
+                        flash_attn=True,
+                        tensor_overrides=overrides,
+                        n_threads=profile.cpu.performance_cores or profile.cpu.physical_cores,
+                    )
+                )
+    return configs  # KV is f16/q8_0/q4_0 only: never bf16, which V100 (sm_70) lacks
+
+
+_EXPERT_LAYERS = re.compile(r"blk\\\.\(([0-9|]+)\)\\\.ffn_")
+
+
+def experts_on_cpu(n_layers: int) -> tuple[TensorOverride, ...]:
+    """llama.cpp's `--n-cpu-moe N`: the routed experts of the first N layers stay in RAM."""
+    layers = "|".join(str(index) for index in range(n_layers))
+    return (TensorOverride(rf"blk\.({layers})\.ffn_(up|down|gate)_exps", "CPU"),)
+
+
+def cpu_expert_layers(config: EngineConfig) -> int:
+    """N of `experts_on_cpu(N)` in a config (0 when experts follow their layers)."""
+    for override in config.tensor_overrides:
+        if match := _EXPERT_LAYERS.match(override.pattern):
+            return len(match.group(1).split("|"))
+    return 0
+
+
+def _layer_counts(n_layers: int) -> list[int]:
+    """All (-1), then fewer and fewer: every layer count would be slow to size for 126 layers."""
+    step = max(1, n_layers // 16)
+    return [-1, *range(n_layers, 0, -step), 0]
+
+
+def _evaluate(spec: ModelSpec, machine: Machine, config: EngineConfig, margin: int) -> Candidate:
+    estimate = estimate_memory(spec, config, gpus=machine.gpus, repacked=machine.repacked)
+    devices = _budgets(estimate, machine, margin)
+    gpus_fit = all(d.free_bytes >= 0 for d in devices if d.device != CPU)
+    cpu = next(d for d in devices if d.device == CPU)
+    fits = gpus_fit and cpu.free_bytes >= 0
+    # mmap can page weights in from disk when RAM is short, if everything else fits
+    streams = gpus_fit and not fits and cpu.free_bytes + cpu.weights_bytes >= 0
+    speed = _speed(spec, machine, estimate, streams_from_disk=streams, ram=cpu.capacity_bytes)
+    return Candidate(config, devices, speed, fits, streams)
+
+
+def _budgets(estimate: MemoryEstimate, machine: Machine, margin: int) -> tuple[DeviceBudget, ...]:
+    budgets = []
+    for name, memory in estimate.devices.items():
+        if name == CPU:
+            capacity = machine.ram_bytes - margin
+            overhead = 0
+        else:
+            gpu = machine.gpu_infos[machine.gpus.index(name)]
+            total = gpu.recommended_working_set_bytes or gpu.vram_total_bytes or 0
+            capacity = total - (0 if gpu.unified_memory else margin // 2)
+            overhead = 0 if gpu.unified_memory else GPU_RUNTIME_BYTES
+        budgets.append(
+            DeviceBudget(
+                device=name,
+                capacity_bytes=capacity,
+                weights_bytes=memory.weights_bytes,
+                kv_bytes=memory.kv_bytes,
+                compute_bytes=memory.compute_bytes + memory.output_bytes,
+                overhead_bytes=overhead,
+            )
+        )
+    if machine.unified:  # one pool: the GPU's share comes out of the same RAM
+        gpu_use = sum(b.used_bytes for b in budgets if b.device != CPU)
+        budgets = [
+            replace(b, capacity_bytes=b.capacity_bytes - gpu_use) if b.device == CPU else b
+            for b in budgets
+        ]
+    return tuple(budgets)
+
+
+def _speed(
+    spec: ModelSpec,
+    machine: Machine,
+    estimate: MemoryEstimate,
+    *,
+    streams_from_disk: bool,
+    ram: int,
+) -> SpeedEstimate:
+    unused_experts = 1.0 - (spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0)
+    seconds_by_tier: dict[str, float] = {}
+    for name, memory in estimate.devices.items():
+        weights_read = (
+            memory.weights_bytes - memory.lookup_bytes - memory.expert_bytes * unused_experts
+        )
+        seconds_by_tier[name] = (weights_read + memory.kv_bytes / 2) / _bandwidth(machine, name)
+    if streams_from_disk:
+        cpu = estimate.devices[CPU]
+        missing_share = max(0, cpu.total_bytes - ram) / max(cpu.weights_bytes, 1)
+        cpu_read = cpu.weights_bytes - cpu.expert_bytes * unused_experts
+        seconds_by_tier["disk"] = cpu_read * min(1.0, missing_share) / machine.disk_bandwidth
+    per_token = sum(seconds_by_tier.values()) / DECODE_EFFICIENCY
+    decode = 1.0 / per_token if per_token else 0.0
+    prefill = _prefill_tps(spec, machine, estimate)
+    return SpeedEstimate(
+        prefill_tps=prefill,
+        decode_tps=decode,
+        ttft_s=PROMPT_TOKENS_FOR_TTFT / prefill if prefill else float("inf"),
+        decode_bound_by=max(seconds_by_tier, key=lambda tier: seconds_by_tier[tier]),
+    )
+
+
+def _bandwidth(machine: Machine, device: str) -> float:
+    if device == CPU:
+        return machine.cpu_bandwidth
+    gpu = machine.gpu_infos[machine.gpus.index(device)]
+    return float(gpu.memory_bandwidth_bytes_per_s or machine.cpu_bandwidth)
+
+
+def _prefill_tps(spec: ModelSpec, machine: Machine, estimate: MemoryEstimate) -> float:
+    flops_per_token = 2 * (spec.active_params or spec.total_params or 1)
+    layers = {name: len(memory.layers) for name, memory in estimate.devices.items()}
+    n_layers = sum(layers.values()) or 1
+    seconds = 0.0
+    for name, count in layers.items():
+        seconds += (count / n_layers) * flops_per_token / _flops(machine, name)
+    return 1.0 / seconds if seconds else 0.0
+
+
+def _flops(machine: Machine, device: str) -> float:
+    if device == CPU:
+        return machine.cpu_flops * PREFILL_EFFICIENCY
+    gpu = machine.gpu_infos[machine.gpus.index(device)]
+    from hearthside.core.probe.spec import load_catalog
+
+    entry = next((e for e in load_catalog().values() if e.name == gpu.name), None)
+    tflops = (entry.fp16_tflops or entry.bf16_tflops) if entry else None
+    return (tflops or 20.0) * 1e12 * PREFILL_EFFICIENCY
+
+
+def _score(candidate: Candidate, goal: Goal) -> tuple[float, ...]:
+    config = candidate.config
+    kv_quality = {"f16": 2, "q8_0": 1, "q4_0": 0}[config.type_k]
+    fits = 1.0 if candidate.fits else 0.0
+    if goal == "longest-context":
+        return (fits, config.n_ctx, candidate.speed.decode_tps, kv_quality)
+    if goal == "fastest":
+        return (fits, candidate.speed.decode_tps, kv_quality, config.n_ctx)
+    if goal == "quality":
+        return (fits, kv_quality, candidate.speed.decode_tps, config.n_ctx)
+    # balanced: the default context; a finer KV cache is worth 10% of speed per step
+    return (fits, config.n_ctx, candidate.speed.decode_tps * (1 + 0.1 * kv_quality))
+
+
+def _reasons(
+    spec: ModelSpec,
+    machine: Machine,
+    best: Candidate,
+    candidates: Sequence[Candidate],
+    goal: Goal,
+) -> list[Reason]:
+    config = best.config
+    reasons = []
+    if not machine.gpus:
+        reasons.append(Reason("n_gpu_layers", "0", "No GPU the engine can drive: the CPU runs it."))
+    elif config.n_gpu_layers == -1:
+        reasons.append(
+            Reason("n_gpu_layers", "all", "Every layer fits in GPU memory, the fastest tier.")
+        )
+    else:
+        reasons.append(
+            Reason(
+                "n_gpu_layers",
+                str(config.n_gpu_layers),
+                "The most layers that fit in GPU memory with the KV cache and compute buffers; "
+                "the rest run from system RAM.",
+            )
+        )
+    if config.tensor_overrides:
+        reasons.append(
+            Reason(
+                "experts",
+                f"first {cpu_expert_layers(config)} layers' experts on the CPU",
+                f"Not all {spec.n_expert} experts of every layer fit on the GPU. Keeping some "
+                "layers' experts in RAM, with all attention on the GPU, means a token reads "
+                f"only its {spec.n_expert_used} active experts from the slower tier.",
+            )
+        )
+    reasons.append(
+        Reason(
+            "type_k/type_v",
+            config.type_k,
+            "Full-precision KV cache fits."
+            if config.type_k == "f16"
+            else f"A {config.type_k} KV cache makes this context fit (or run faster); quality "
+            "loss is small for most families.",
+        )
+    )
+    reasons.append(
+        Reason(
+            "flash_attn",
+            "on",
+            "Smaller compute buffers at long context; needed for a quantized V cache.",
+        )
+    )
+    reasons.append(
+        Reason(
+            "n_ctx",
+            str(config.n_ctx),
+            f"Goal {goal}: "
+            + (
+                "the longest context that fits."
+                if goal == "longest-context"
+                else f"{config.n_ctx} tokens of the model's {spec.context_length or '?'}."
+            ),
+        )
+    )
+    if best.streams_from_disk:
+        reasons.append(
+            Reason(
+                "use_mmap",
+                "on (streaming)",
+                "The weights exceed RAM: llama.cpp reads what is missing from disk for each "
+                f"token, so decode is bound by the disk (~{best.speed.decode_tps:.2f} tok/s).",
+            )
+        )
+    return reasons
+
+
+def _advice(spec: ModelSpec, best: Candidate) -> list[str]:
+    advice = []
+    if best.streams_from_disk:
+        advice.append(
+            "This model is larger than memory and will stream from disk. A smaller quant "
+            "(e.g. Q3_K_M or Q2_K) or a machine with more RAM would make it fit."
+        )
+    return advice
+
+
+def _nothing_fits(
+    spec: ModelSpec, goal: Goal, candidates: Sequence[Candidate], machine: Machine
+) -> Plan:
+    closest = min(candidates, key=lambda c: -min(d.free_bytes for d in c.devices))
+    short = -min(d.free_bytes for d in closest.devices)
+    return Plan(
+        model=spec.name,
+        goal=goal,
+        config=closest.config,
+        devices=closest.devices,
+        speed=closest.speed,
+        fits=False,
+        streams_from_disk=False,
+        confidence="calibrated" if machine.calibrated else "estimated",
+        reasons=(),
+        alternatives=(),
+        advice=(
+            f"Nothing fits: the closest settings are {short / GIB:.1f} GiB short. Try a shorter "
+            "context (--ctx), a smaller quant, or free GPU memory.",
+        ),
+    )

@@ -1,0 +1,189 @@
+"""Golden plans: the planner's choices on recorded and what-if machines, before any load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hearthside.autotune.memory import CPU
+from hearthside.autotune.planner import Plan, cpu_expert_layers, plan
+from hearthside.core.models.catalog import catalog_spec
+from hearthside.core.models.descriptor import spec_from_descriptor
+from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.probe.spec import expand_spec, load_spec
+
+SPECS = Path(__file__).parents[1] / "fixtures" / "probe" / "specs"
+GIB = 1 << 30
+AVX2 = ["avx", "avx2", "fma", "f16c", "sse4_2"]
+
+
+def machine(**spec: Any) -> HardwareProfile:
+    spec.setdefault("cpu", {"cores": 8, "threads": 16, "flags": AVX2})
+    spec.setdefault("disk", {"read_gb_s": 3.5})
+    return expand_spec({"schema": 1, **spec})
+
+
+def device(result: Plan, name: str):  # noqa: ANN201 - a DeviceBudget
+    return next(budget for budget in result.devices if budget.device == name)
+
+
+def assert_within_capacity(result: Plan) -> None:
+    for budget in result.devices:
+        assert budget.used_bytes <= budget.capacity_bytes, budget
+
+
+def test_an_8b_model_goes_whole_onto_one_24gb_gpu() -> None:
+    result = plan(catalog_spec("llama-3.1-8b"), machine(gpus=[{"model": "rtx-3090"}], memory_gb=32))
+    assert result.fits and result.config.n_gpu_layers == -1
+    assert result.config.n_ctx == 8192
+    assert_within_capacity(result)
+    assert device(result, "CUDA0").kv_bytes > 0 and device(result, CPU).kv_bytes == 0
+    assert 60 < result.speed.decode_tps < 200  # 936 GB/s over ~5 GB of weights
+    assert result.speed.decode_bound_by == "CUDA0"
+    assert {reason.setting for reason in result.reasons} >= {"n_gpu_layers", "n_ctx"}
+
+
+def test_an_8b_model_asked_for_its_longest_context_quantizes_the_kv_cache() -> None:
+    result = plan(
+        catalog_spec("llama-3.1-8b"),
+        machine(gpus=[{"model": "rtx-3090"}], memory_gb=32),
+        goal="longest-context",
+    )
+    assert result.fits and result.config.n_ctx >= 65536
+    assert result.config.n_gpu_layers == -1
+    assert_within_capacity(result)
+
+
+def test_a_70b_model_on_one_24gb_gpu_and_64gb_ram_is_split() -> None:
+    result = plan(
+        catalog_spec("llama-3.1-70b"), machine(gpus=[{"model": "rtx-3090"}], memory_gb=64)
+    )
+    assert result.fits
+    assert 0 < result.config.n_gpu_layers < 80
+    assert device(result, "CUDA0").weights_bytes > 15 * GIB
+    assert device(result, CPU).weights_bytes > 15 * GIB
+    assert result.speed.decode_bound_by == CPU  # the RAM half is the slow half
+    assert 0.5 < result.speed.decode_tps < 6
+    assert_within_capacity(result)
+
+
+def test_a_30b_a3b_moe_on_a_16gb_gpu_keeps_its_experts_in_ram() -> None:
+    spec = catalog_spec("qwen3-30b-a3b")
+    result = plan(spec, machine(gpus=[{"model": "t4"}], memory_gb=64))
+    assert result.fits
+    assert result.config.tensor_overrides, "experts should stay on the CPU"
+    assert result.config.n_gpu_layers == -1  # attention and shared weights all on the GPU
+    kept_in_ram = cpu_expert_layers(result.config)
+    assert 0 < kept_in_ram < 48  # as many layers' experts on the GPU as fit
+    share_in_ram = kept_in_ram / 48
+    expected = spec.routed_expert_bytes * share_in_ram + spec.embeddings.bytes
+    assert device(result, CPU).weights_bytes == pytest.approx(expected, rel=0.01)
+    assert any(reason.setting == "experts" for reason in result.reasons)
+    assert result.speed.decode_tps > plan_without_expert_placement(spec).speed.decode_tps
+    assert_within_capacity(result)
+
+
+def plan_without_expert_placement(spec: Any) -> Plan:
+    """The best a layer-only split (`-ngl`, as Ollama does) gets on the same machine."""
+    return plan(spec, machine(gpus=[{"model": "t4"}], memory_gb=64), expert_placement=False)
+
+
+def test_a_120b_moe_fits_the_unified_memory_of_a_gb10() -> None:
+    result = plan(catalog_spec("gpt-oss-120b"), load_spec(SPECS / "dgx-spark-gb10.json"))
+    assert result.fits and result.config.n_gpu_layers == -1
+    assert not result.config.tensor_overrides
+    gpu = next(budget for budget in result.devices if budget.device != CPU)
+    assert gpu.weights_bytes > 55 * GIB
+    # unified: what the GPU holds comes out of the same RAM
+    assert device(result, CPU).capacity_bytes < 128 * GIB - gpu.used_bytes + GIB
+    assert 10 < result.speed.decode_tps < 100
+
+
+def test_a_405b_dense_model_on_a_32gb_cpu_machine_streams_from_disk() -> None:
+    result = plan(catalog_spec("llama-3.1-405b"), machine(memory_gb=32))
+    assert not result.fits and result.streams_from_disk
+    assert result.speed.decode_bound_by == "disk"
+    assert 0 < result.speed.decode_tps < 0.5
+    assert any(reason.setting == "use_mmap" for reason in result.reasons)
+    assert any("smaller quant" in line for line in result.advice)
+
+
+def test_apple_silicon_offloads_everything_within_metals_working_set() -> None:
+    profile = machine(
+        gpus=[{"model": "apple-m2-max"}],
+        memory_gb=64,
+        os="darwin",
+        cpu={"cores": 12, "threads": 12, "flags": ["neon", "dotprod"]},
+    )
+    result = plan(catalog_spec("qwen2.5-32b"), profile)
+    assert result.fits and result.config.n_gpu_layers == -1
+    metal = next(budget for budget in result.devices if budget.device != CPU)
+    working_set = profile.gpus[0].recommended_working_set_bytes
+    assert working_set is not None and metal.used_bytes <= working_set
+    assert working_set < 64 * GIB
+
+
+def test_two_gpus_share_a_70b_model() -> None:
+    result = plan(catalog_spec("llama-3.1-70b"), load_spec(SPECS / "two-rtx-3090.json"))
+    assert result.fits and result.config.n_gpu_layers == -1
+    first, second = device(result, "CUDA0"), device(result, "CUDA1")
+    assert first.weights_bytes == pytest.approx(second.weights_bytes, rel=0.1)
+    assert device(result, CPU).weights_bytes < 2 * GIB
+
+
+def test_a_v100_never_gets_a_bf16_kv_cache() -> None:
+    result = plan(
+        catalog_spec("llama-3.1-8b"), machine(gpus=[{"model": "v100-32gb"}], memory_gb=64)
+    )
+    assert result.fits and result.config.type_k in ("f16", "q8_0", "q4_0")
+
+
+def test_a_descriptor_plans_without_any_file() -> None:
+    descriptor = {
+        "schema": 1,
+        "name": "My 70B",
+        "architecture": "llama",
+        "total_params": 70553706496,
+        "layers": 80,
+        "hidden_size": 8192,
+        "heads": 64,
+        "kv_heads": 8,
+        "ffn_size": 28672,
+        "context": 131072,
+        "vocab_size": 128256,
+        "quant": "Q4_K_M",
+    }
+    result = plan(spec_from_descriptor(descriptor), load_spec(SPECS / "eight-h100.json"))
+    assert result.fits and result.config.n_gpu_layers == -1
+    assert result.confidence == "estimated"
+
+
+def test_nothing_fitting_says_what_would() -> None:
+    result = plan(
+        catalog_spec("deepseek-v3"),
+        machine(gpus=[{"model": "t4"}], memory_gb=16, disk={"read_gb_s": 0.5}),
+        n_ctx=4096,
+    )
+    assert not result.fits
+    assert result.advice
+    assert result.speed.decode_tps < 0.1
+
+
+def test_calibration_changes_the_prediction() -> None:
+    spec = catalog_spec("llama-3.1-8b")
+    profile = machine(memory_gb=32)
+    guessed = plan(spec, profile)
+    measured = plan(spec, profile, calibration={"cpu_read_bytes_per_s": 40e9})
+    assert measured.confidence == "calibrated" and guessed.confidence == "estimated"
+    assert measured.speed.decode_tps == pytest.approx(2 * guessed.speed.decode_tps, rel=0.05)
+
+
+def test_a_plan_is_json() -> None:
+    import json
+
+    result = plan(catalog_spec("gemma-3-4b"), machine(memory_gb=16))
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["config"]["n_ctx"] == result.config.n_ctx
+    assert {"weights_bytes", "kv_bytes", "free_bytes"} <= set(data["devices"][0])
