@@ -386,7 +386,7 @@ def _score(candidate: Candidate, goal: Goal) -> tuple[float, ...]:
     kv_quality = {"f16": 2, "q8_0": 1, "q4_0": 0}[config.type_k]
     fits = 1.0 if candidate.fits else 0.0
     if goal == "longest-context":
-        return (fits, config.n_ctx, candidate.speed.decode_tps, kv_quality)
+        return (fits, config.n_ctx, kv_quality, candidate.speed.decode_tps)
     if goal == "fastest":
         return (fits, candidate.speed.decode_tps, kv_quality, config.n_ctx)
     if goal == "quality":
