@@ -20,6 +20,7 @@ from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.probe.profile import HardwareProfile
 
 GIB = 1024**3
+NOTHING_FITS = 3  # exit status: the plan says what would fit instead
 
 
 def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -54,26 +55,18 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    try:
-        spec = resolve_spec(args.model)
-        profile = _profile(args)
-        result = plan(
-            spec,
-            profile,
-            goal=args.goal,
-            n_ctx=args.ctx,
-            free_margin_bytes=int(args.keep_free_gb * GIB),
-        )
-    except HearthsideError as exc:
-        print(f"hearthside: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(exc.hint, file=sys.stderr)
-        return 1
+    result = plan(
+        resolve_spec(args.model),
+        _profile(args),
+        goal=args.goal,
+        n_ctx=args.ctx,
+        free_margin_bytes=int(args.keep_free_gb * GIB),
+    )
     if args.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
     else:
         print(describe_plan(result))
-    return 0 if result.fits or result.streams_from_disk else 2
+    return 0 if result.fits or result.streams_from_disk else NOTHING_FITS
 
 
 def _profile(args: argparse.Namespace) -> HardwareProfile:

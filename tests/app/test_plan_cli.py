@@ -68,7 +68,7 @@ def test_the_default_model_plans_for_this_machine(
 
 
 def test_an_unknown_model_says_how_to_name_one(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "no-such-model"]) == 1
+    assert main(["plan", "no-such-model"]) == 2
     err = capsys.readouterr().err
     assert "no-such-model" in err and "catalog id" in err
 
