@@ -1,0 +1,125 @@
+"""`hearthside tune MODEL`: measure settings on this machine and keep the fastest.
+
+Each candidate is loaded and measured with the real engine (llama-bench style); every result
+is stored in the autotune DB, and the winner becomes the model's default here. Compared with
+llama-cpp-python's own defaults, measured the same way, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from typing import get_args
+
+from hearthside.app.progress import ProgressLine
+from hearthside.autotune.planner import Goal
+from hearthside.autotune.tuner import TuneEvent, TuneResult, tune
+from hearthside.autotune.wisdom import RunRecord
+from hearthside.core.models.store import ModelStore, resolve_model_path
+from hearthside.core.paths import data_dir, models_dir
+from hearthside.core.probe.base import ProbeContext
+from hearthside.core.probe.runner import probe_hardware
+
+
+def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "tune", help="measure settings for a model on this machine and keep the fastest"
+    )
+    parser.add_argument("model", nargs="?", default="default", help="installed id or .gguf path")
+    parser.add_argument(
+        "--goal", choices=[g for g in get_args(Goal) if g != "longest-context"], default="fastest"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=60.0,
+        help="stop starting new measurements after this long (default 60)",
+    )
+    parser.add_argument(
+        "--thorough", action="store_true", help="longer measurements (pp512/tg128, 5 repetitions)"
+    )
+    parser.add_argument("--json", action="store_true", help="print only the result as JSON")
+    parser.set_defaults(handler=_run_tune)
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    with ModelStore(data_dir()) as store:
+        model_path = resolve_model_path(store, args.model)
+    profile = probe_hardware(ProbeContext(models_dir=models_dir(data_dir())))
+    with ProgressLine("Tuning") as line:
+        result = tune(
+            model_path,
+            profile,
+            goal=args.goal,
+            budget_s=args.budget_s,
+            rigor="thorough" if args.thorough else "quick",
+            listener=lambda event: line.show(_event_text(event)),
+        )
+    if args.json:
+        sys.stdout.write(json.dumps(result_as_dict(result), indent=1) + "\n")
+    else:
+        print(describe_result(result))
+    return 0 if result.best is not None else 1
+
+
+def _event_text(event: TuneEvent) -> str:
+    config = event.config
+    what = (
+        f"{config.get('n_threads')} threads, flash {'on' if config.get('flash_attn') else 'off'}, "
+        f"ubatch {config.get('n_ubatch')}, KV {config.get('type_k')}"
+    )
+    measured = f" → {event.decode_tps:.1f} tok/s" if event.decode_tps else ""
+    return f"[{event.index}/{event.total}] {event.kind}: {what}{measured}"
+
+
+def result_as_dict(result: TuneResult) -> dict[str, object]:
+    return {
+        "goal": result.goal,
+        "key": result.key.to_dict(),
+        "best": _run_dict(result.best),
+        "baseline": _run_dict(result.baseline),
+        "speedup_over_defaults": result.speedup,
+        "runs": [_run_dict(run) for run in result.runs],
+    }
+
+
+def _run_dict(run: RunRecord | None) -> dict[str, object] | None:
+    if run is None:
+        return None
+    data = asdict(run)
+    data.pop("memory", None)
+    return data
+
+
+def describe_result(result: TuneResult) -> str:
+    lines = [f"Measured {len(result.runs)} settings (goal {result.goal})."]
+    for run in sorted(result.runs, key=lambda r: r.decode_tps or 0, reverse=True):
+        lines.append(f"  {_settings_text(run.config)}  {_outcome_text(run)}{_mark(run, result)}")
+    if result.speedup is not None:
+        lines.append(
+            f"Chosen settings decode {result.speedup:.2f}x llama-cpp-python's defaults; "
+            "they are now this model's default on this machine."
+        )
+    return "\n".join(lines)
+
+
+def _settings_text(config: dict[str, object]) -> str:
+    flash = "on " if config.get("flash_attn") else "off"
+    return (
+        f"threads {config.get('n_threads')}, flash {flash}, ubatch {config.get('n_ubatch')!s:>3},"
+        f" KV {config.get('type_k')!s:5}"
+    )
+
+
+def _outcome_text(run: RunRecord) -> str:
+    if run.outcome != "ok":
+        return f"{run.outcome}: {run.error}"
+    return f"{run.decode_tps or 0:6.1f} tok/s decode, {run.prefill_tps or 0:6.0f} tok/s prefill"
+
+
+def _mark(run: RunRecord, result: TuneResult) -> str:
+    if run is result.best:
+        return " <- chosen"
+    return " (llama-cpp-python defaults)" if run is result.baseline else ""

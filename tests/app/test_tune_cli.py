@@ -1,0 +1,29 @@
+"""`hearthside tune`: measured settings, stored, compared with llama-cpp-python's defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hearthside.app.cli import main
+from hearthside.autotune.wisdom import WisdomDB
+from tests.fixtures.synthetic_gguf import write_synthetic_gguf
+
+
+def test_tuning_a_model_file_prints_and_stores_the_winner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_synthetic_gguf(tmp_path / "tiny.gguf", "tiny-dense", "Q8_0")
+    assert main(["tune", str(model), "--budget-s", "5", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["best"]["outcome"] == "ok" and result["best"]["decode_tps"] > 0
+    assert result["baseline"]["config"]["n_ctx"] == 512
+    assert result["speedup_over_defaults"] > 0
+    with WisdomDB() as wisdom:
+        assert len(wisdom.export()["defaults"]) == 1
+
+    assert main(["tune", str(model), "--budget-s", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "<- chosen" in text and "llama-cpp-python defaults" in text

@@ -1,0 +1,92 @@
+"""The tuner measures with the real engine, remembers every run and never repeats a failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hearthside.autotune.tuner import TuneEvent, candidates, llama_cpp_python_defaults, tune
+from hearthside.autotune.wisdom import WisdomDB
+from hearthside.core.engine.config import EngineConfig, TensorOverride
+from hearthside.core.probe.runner import probe_hardware
+from tests.fixtures.synthetic_gguf import write_synthetic_gguf
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tuner")
+    return write_synthetic_gguf(folder / "tiny-dense.gguf", "tiny-dense", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def profile():  # noqa: ANN201
+    return probe_hardware()
+
+
+def test_candidates_vary_one_thing_at_a_time_and_stay_valid(profile) -> None:  # noqa: ANN001
+    base = EngineConfig("m.gguf", n_ctx=2048, flash_attn=True, type_k="q8_0", type_v="q8_0")
+    configs = candidates(base, profile)
+    assert configs[0] == base
+    assert len({c.n_threads for c in configs}) >= 2 or (profile.cpu.logical_cores or 1) == 1
+    assert any(not c.flash_attn for c in configs)
+    assert all(c.flash_attn or c.type_v == "f16" for c in configs)  # llama.cpp's rule
+    assert len(configs) == len({str(c.to_dict()) for c in configs})
+
+
+def test_a_tuning_run_is_stored_and_answers_the_next_one(
+    small_model: Path,
+    profile,
+    tmp_path: Path,  # noqa: ANN001
+) -> None:
+    events: list[TuneEvent] = []
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        first = tune(small_model, profile, budget_s=8, wisdom=wisdom, listener=events.append)
+        assert first.best is not None and first.baseline is not None
+        assert first.best.decode_tps and first.best.decode_tps > 0
+        assert first.speedup is not None and first.speedup > 0
+        measured = [event for event in events if event.kind == "measured"]
+        assert len(measured) >= 2 and events[-1].kind == "done"
+        default = wisdom.default_for(first.key)
+        assert default is not None and default.run_id == first.best.id
+        assert wisdom.efficiency(first.key.machine, first.key.engine, "CPU", "decode").samples
+
+        events.clear()
+        second = tune(small_model, profile, budget_s=8, wisdom=wisdom, listener=events.append)
+        reused = [event for event in events if event.kind == "reused"]
+        assert len(reused) >= len(measured)  # nothing measured twice at the same rigor
+        assert second.baseline is not None
+        assert second.baseline.id == first.baseline.id
+
+
+def test_a_failed_configuration_is_recorded_and_never_retried(
+    small_model: Path,
+    profile,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    from hearthside.autotune import tuner
+
+    broken = EngineConfig(str(small_model), tensor_overrides=(TensorOverride("ffn", "CUDA9"),))
+    monkeypatch.setattr(tuner, "candidates", lambda base, profile: [broken])
+    events: list[TuneEvent] = []
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        tune(small_model, profile, budget_s=30, wisdom=wisdom, listener=events.append)
+        assert [e.kind for e in events if e.config == broken.to_dict()] == ["start", "failed"]
+        events.clear()
+        tune(small_model, profile, budget_s=30, wisdom=wisdom, listener=events.append)
+        assert [e.kind for e in events if e.config == broken.to_dict()] == ["skipped"]
+        (failure,) = [run for run in wisdom.runs(wisdom_key(wisdom)) if run.failed]
+        assert failure.outcome == "failed" and "CUDA9" in (failure.error or "")
+
+
+def wisdom_key(wisdom: WisdomDB):  # noqa: ANN201
+    (run,) = [run for run in wisdom.export()["runs"] if run["outcome"] != "ok"]
+    from hearthside.autotune.fingerprint import TuningKey
+
+    return TuningKey(**run["key"])
+
+
+def test_the_baseline_is_llama_cpp_pythons_own_defaults() -> None:
+    defaults = llama_cpp_python_defaults("m.gguf")
+    assert defaults.n_ctx == 512 and not defaults.flash_attn and defaults.type_k == "f16"
