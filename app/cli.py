@@ -11,9 +11,12 @@ from pathlib import Path
 
 from hearthside.app.engine_cli import add_engine_parser
 from hearthside.app.models_cli import add_models_parser
+from hearthside.app.plan_cli import add_plan_parser
 from hearthside.app.probe_cli import add_probe_parser
 from hearthside.app.progress import ProgressLine
 from hearthside.app.serve_cli import add_serve_parser
+from hearthside.app.tune_cli import add_tune_parser
+from hearthside.app.wisdom_cli import add_wisdom_parser
 from hearthside.app.terminal_chat import (
     ChatOptions,
     engine_config_for,
@@ -48,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_probe_parser(subparsers)
     add_engine_parser(subparsers)
     add_serve_parser(subparsers)
+    add_plan_parser(subparsers)
+    add_wisdom_parser(subparsers)
+    add_tune_parser(subparsers)
     return parser
 
 
