@@ -15,8 +15,6 @@ from hearthside.app.plan_cli import add_plan_parser
 from hearthside.app.probe_cli import add_probe_parser
 from hearthside.app.progress import ProgressLine
 from hearthside.app.serve_cli import add_serve_parser
-from hearthside.app.tune_cli import add_tune_parser
-from hearthside.app.wisdom_cli import add_wisdom_parser
 from hearthside.app.terminal_chat import (
     ChatOptions,
     engine_config_for,
@@ -24,6 +22,8 @@ from hearthside.app.terminal_chat import (
     run_repl,
     status,
 )
+from hearthside.app.tune_cli import add_tune_parser
+from hearthside.app.wisdom_cli import add_wisdom_parser
 from hearthside.core.engine.bench import BenchReport, run_bench
 from hearthside.core.engine.engine import Engine
 from hearthside.core.engine.service import EngineService
