@@ -1,0 +1,172 @@
+"""How good is the tuner's pick? Against an exhaustive sweep and against plain defaults.
+
+1. Sweep: every combination of the tuner's grid on this machine — quant variant of the
+   default model (Q4_K_M as shipped, Q4_0 and Q8_0 made locally), decode threads, flash
+   attention, physical batch, KV type — measured with the real engine.
+2. Tuner: `hearthside tune` on each variant (fresh autotune DB, the given budget); its pick is
+   the fastest winner.
+3. Final: the tuner's pick, the sweep's best and llama-cpp-python's defaults (on the shipped
+   model) are measured again in alternating rounds, so machine noise hits all three alike.
+
+    .venv/bin/python benchmarks/autotune_quality.py [--budget-s 60] [--rounds 3] [--json]
+
+Targets: tuner pick / sweep best >= 0.95 (decode); tuner pick / defaults > 1.0 (decode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import llama_cpp
+
+from hearthside.autotune.tuner import QUICK, llama_cpp_python_defaults, tune
+from hearthside.autotune.wisdom import WisdomDB
+from hearthside.core.engine.bench import run_bench
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.engine import Engine
+from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.probe.runner import probe_hardware
+
+VARIANTS = {"Q4_0": 2, "Q8_0": 7}  # llama_ftype values for the locally made variants
+
+
+def make_variants(shipped: Path, folder: Path) -> dict[str, Path]:
+    paths = {"Q4_K_M": shipped}
+    for name, ftype in VARIANTS.items():
+        target = folder / f"{shipped.stem}-{name}.gguf"
+        if not target.exists():
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = ftype
+            params.allow_requantize = True
+            llama_cpp.llama_model_quantize(str(shipped).encode(), str(target).encode(), params)
+        paths[name] = target
+    return paths
+
+
+def sweep_grid(path: Path, profile: HardwareProfile) -> list[EngineConfig]:
+    cores = profile.cpu.physical_cores or 1
+    logical = profile.cpu.logical_cores or cores
+    threads = sorted({1, max(1, cores // 2), cores, logical})
+    grid = []
+    for count, ubatch, (flash, kv) in itertools.product(
+        threads, (128, 256, 512), ((False, "f16"), (True, "f16"), (True, "q8_0"), (True, "q4_0"))
+    ):
+        grid.append(
+            EngineConfig(
+                str(path),
+                n_ctx=2048,
+                n_threads=count,
+                n_ubatch=ubatch,
+                flash_attn=flash,
+                type_k=kv,
+                type_v=kv,
+            )
+        )
+    return grid
+
+
+def decode_speed(config: EngineConfig) -> float:
+    engine = Engine(config)
+    try:
+        report = run_bench(
+            engine,
+            n_prompt=QUICK.n_prompt,
+            n_gen=QUICK.n_gen,
+            repetitions=QUICK.repetitions,
+            warmup_s=QUICK.warmup_s,
+        )
+    finally:
+        engine.close()
+    return report.stat(f"tg{QUICK.n_gen}").median_tok_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=60.0, help="tuner budget per variant")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating final rounds")
+    parser.add_argument("--model", type=Path, default=None, help="the shipped model's GGUF")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    shipped = args.model or _default_model()
+    folder = Path(tempfile.mkdtemp(prefix="hearthside-autotune-"))
+    variants = make_variants(shipped, folder)
+    profile = probe_hardware()
+
+    sweep = []
+    for name, path in variants.items():
+        for config in sweep_grid(path, profile):
+            sweep.append((decode_speed(config), name, config))
+            _say(f"sweep {name} {_short(config)}: {sweep[-1][0]:.1f} tok/s")
+    sweep_best = max(sweep, key=lambda item: item[0])
+
+    picks = []
+    with WisdomDB(folder / "wisdom.db") as wisdom:
+        for name, path in variants.items():
+            result = tune(path, profile, budget_s=args.budget_s, wisdom=wisdom)
+            if result.best is not None and result.best.decode_tps is not None:
+                config = EngineConfig.from_dict({**result.best.config, "model_path": str(path)})
+                picks.append((result.best.decode_tps, name, config))
+                _say(f"tuner {name}: {_short(config)} at {result.best.decode_tps:.1f} tok/s")
+    tuner_pick = max(picks, key=lambda item: item[0])
+
+    finalists = {
+        "tuner": tuner_pick[2],
+        "sweep_best": sweep_best[2],
+        "defaults": llama_cpp_python_defaults(str(shipped)),
+    }
+    speeds: dict[str, list[float]] = {name: [] for name in finalists}
+    for round_index in range(args.rounds):
+        order = list(finalists) if round_index % 2 == 0 else list(reversed(finalists))
+        for name in order:
+            speeds[name].append(decode_speed(finalists[name]))
+    medians = {name: statistics.median(values) for name, values in speeds.items()}
+    summary = {
+        "tuner_pick": {"variant": tuner_pick[1], "config": _short(tuner_pick[2])},
+        "sweep_best": {"variant": sweep_best[1], "config": _short(sweep_best[2])},
+        "decode_tok_s": medians,
+        "tuner_over_sweep_best": medians["tuner"] / medians["sweep_best"],
+        "tuner_over_defaults": medians["tuner"] / medians["defaults"],
+        "sweep_size": len(sweep),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(f"sweep: {len(sweep)} settings; best {sweep_best[1]} {_short(sweep_best[2])}")
+        print(f"tuner: {tuner_pick[1]} {_short(tuner_pick[2])}")
+        for name, value in medians.items():
+            print(f"  {name:10} {value:6.1f} tok/s decode (median of {args.rounds})")
+        print(f"tuner / sweep best = {summary['tuner_over_sweep_best']:.3f} (target >= 0.95)")
+        print(f"tuner / defaults   = {summary['tuner_over_defaults']:.3f} (target > 1.0)")
+    good = summary["tuner_over_sweep_best"] >= 0.95 and summary["tuner_over_defaults"] > 1.0
+    return 0 if good else 1
+
+
+def _short(config: EngineConfig) -> str:
+    return (
+        f"threads={config.n_threads} ubatch={config.n_ubatch} "
+        f"flash={'on' if config.flash_attn else 'off'} kv={config.type_k}"
+    )
+
+
+def _default_model() -> Path:
+    from hearthside.core.models.default_model import ensure_default_model
+    from hearthside.core.models.store import ModelStore, resolve_model_path
+    from hearthside.core.paths import data_dir
+
+    with ModelStore(data_dir()) as store:
+        ensure_default_model(store)
+        return resolve_model_path(store, "default")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
