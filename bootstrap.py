@@ -98,9 +98,12 @@ APP_DEBIAN_PACKAGES = (
     "libegl1",
     "libgl1",
     "libxkbcommon0",
+    "libxkbcommon-x11-0",
     "libfontconfig1",
     "libdbus-1-3",
     "libxcb-cursor0",
+    "libxcb-icccm4",
+    "libxcb-keysyms1",
 )
 TEST_DEBIAN_PACKAGES = ("xvfb", "xauth", "desktop-file-utils")
 
