@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -19,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearthside.core.engine.config import EngineConfigError, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
@@ -68,10 +70,48 @@ class ClientGone(Exception):
     """The client closed the connection before its reply was ready."""
 
 
-def create_app(settings: ServerSettings, service: EngineService) -> FastAPI:
+class RequestCounter:
+    """How many HTTP requests the API has finished answering; read from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def add_one(self) -> None:
+        with self._lock:
+            self._count += 1
+
+
+class _CountingMiddleware:
+    """Counts requests that passed the security checks, once their answer is over (a stream
+    counts when it ends or its client leaves)."""
+
+    def __init__(self, app: ASGIApp, counter: RequestCounter) -> None:
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.counter.add_one()
+
+
+def create_app(
+    settings: ServerSettings, service: EngineService, counter: RequestCounter | None = None
+) -> FastAPI:
     app = FastAPI(title="Hearthside local API", version="1", docs_url=None, redoc_url=None)
     _add_error_handlers(app)
     _add_routes(app, settings, service)
+    if counter is not None:  # added first, so it sits inside the security checks
+        app.add_middleware(_CountingMiddleware, counter=counter)
     app.add_middleware(SecurityMiddleware, policy=settings.security_policy())
     return app
 

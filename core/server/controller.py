@@ -10,7 +10,7 @@ import uvicorn
 
 from hearthside.core.engine.service import EngineService
 from hearthside.core.errors import HearthsideError
-from hearthside.core.server.app import ServerSettings, create_app
+from hearthside.core.server.app import RequestCounter, ServerSettings, create_app
 from hearthside.core.server.keys import check_bind_is_safe
 
 START_TIMEOUT_S = 10.0
@@ -22,10 +22,12 @@ class ServerStartError(HearthsideError):
     """The API server could not start (port taken, unsafe bind...)."""
 
 
-def uvicorn_config(settings: ServerSettings, service: EngineService) -> uvicorn.Config:
+def uvicorn_config(
+    settings: ServerSettings, service: EngineService, counter: RequestCounter | None = None
+) -> uvicorn.Config:
     check_bind_is_safe(settings.host, settings.api_key)
     return uvicorn.Config(
-        create_app(settings, service),
+        create_app(settings, service, counter),
         host=settings.host,
         port=settings.port,
         log_level="warning",
@@ -40,13 +42,19 @@ class ServerController:
 
     def __init__(self, settings: ServerSettings, service: EngineService) -> None:
         self.settings = settings
-        self._server = uvicorn.Server(uvicorn_config(settings, service))
+        self._counter = RequestCounter()
+        self._server = uvicorn.Server(uvicorn_config(settings, service, self._counter))
         self._thread = threading.Thread(target=self._server.run, name="hearthside-api", daemon=True)
 
     @property
     def url(self) -> str:
         host = f"[{self.settings.host}]" if ":" in self.settings.host else self.settings.host
         return f"http://{host}:{self.settings.port}/v1"
+
+    @property
+    def requests_served(self) -> int:
+        """Requests answered since start (past the Host/key checks; refusals are not counted)."""
+        return self._counter.count
 
     @property
     def running(self) -> bool:

@@ -1,0 +1,383 @@
+"""`ChatSession`: what happens when the user chats — history, engine and view kept in step.
+
+A reply is saved as it streams: the assistant message is inserted (incomplete) before the
+first token; each flush goes to the ReplyWriter's thread and reaches the view only once it is
+saved; the end (text, metrics, complete) is saved the same way before the chat is idle again —
+so whatever was on screen is on disk when the process dies, and a slow disk never blocks the
+window. Nothing is written for a request the engine refused (a full queue, no model yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from hearthside.app.gui.chat_pane import ChatPane, PaneMode
+from hearthside.app.gui.chat_settings_dialog import ChatSettings
+from hearthside.app.gui.chat_view import reply_note
+from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
+from hearthside.app.gui.reply_writer import ReplyWriter, SavedText
+from hearthside.core.engine.engine import ChatMessage, GenerationMetrics, GenerationResult
+from hearthside.core.errors import HearthsideError, JobCancelledError
+from hearthside.core.history.store import Conversation, ConversationStore, StoredMessage
+
+
+@dataclass(frozen=True)
+class ContextUse:
+    used_tokens: int | None  # None: not known until the next reply
+    total_tokens: int | None  # None: no model loaded
+
+
+@dataclass
+class _Reply:
+    conversation_id: int
+    message_id: int
+    text: str = ""  # everything the engine has sent so far
+    result: GenerationResult | None = None  # set when the engine is done, before it is saved
+
+
+def engine_messages(
+    conversation: Conversation, messages: Sequence[StoredMessage]
+) -> list[ChatMessage]:
+    """What the model is shown: the system prompt, then every message with text in it."""
+    history = (
+        [ChatMessage("system", conversation.system_prompt)] if conversation.system_prompt else []
+    )
+    history += [ChatMessage(m.role, m.content) for m in messages if m.content or m.role == "user"]
+    return history
+
+
+class ChatSession(QObject):
+    conversations_changed = Signal()  # titles, order or membership changed
+    conversation_opened = Signal(int)
+    state_changed = Signal(str)  # the pane's mode: idle / generating / unavailable
+    reply_metrics = Signal(object)  # GenerationMetrics of the reply that just ended
+    context_changed = Signal(object)  # ContextUse
+    error = Signal(object)  # an exception to show in plain words
+
+    def __init__(
+        self,
+        store: ConversationStore,
+        bridge: EngineBridge,
+        pane: ChatPane,
+        writer: ReplyWriter,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.bridge = bridge
+        self.writer = writer
+        self.pane = pane
+        self.view = pane.view
+        self.current_id: int | None = None
+        self.editing_message_id: int | None = None
+        self._reply: _Reply | None = None
+        self._used_tokens: int | None = None
+        self._model_pending = False
+        bridge.text_flushed.connect(self._on_text_flushed)
+        writer.saved.connect(self._on_saved)
+        writer.failed.connect(self.error)
+        bridge.reply_finished.connect(self._on_reply_finished)
+        bridge.reply_failed.connect(self._on_reply_failed)
+        bridge.load_started.connect(self.refresh_state)
+        bridge.load_finished.connect(self._on_model_loaded)
+        bridge.load_failed.connect(self.refresh_state)
+        pane.send_requested.connect(self.send)
+        pane.stop_requested.connect(self.stop)
+        pane.regenerate_requested.connect(self.regenerate)
+        pane.edit_cancelled.connect(self.cancel_edit)
+        self.view.edit_requested.connect(self.begin_edit)
+
+    # ---- state -------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> PaneMode:
+        if self.bridge.generating or self._reply is not None:
+            return "generating"
+        if self._model_pending or self.bridge.loaded_model is None or self.bridge.loading:
+            return "unavailable"
+        return "idle"
+
+    def set_model_pending(self, pending: bool) -> None:
+        """A model is being prepared (installed, resolved) before it loads: no chatting."""
+        self._model_pending = pending
+        self.refresh_state()
+
+    @property
+    def replying_to(self) -> int | None:
+        """The conversation whose reply is streaming, if any."""
+        return self._reply.conversation_id if self._reply is not None else None
+
+    @property
+    def reply_text(self) -> str | None:
+        """The text of the reply streaming now, as received from the engine so far."""
+        return self._reply.text if self._reply is not None else None
+
+    def context_use(self) -> ContextUse:
+        loaded = self.bridge.loaded_model
+        return ContextUse(self._used_tokens, loaded.n_ctx if loaded is not None else None)
+
+    @Slot()
+    def refresh_state(self) -> None:
+        self.pane.set_mode(self.mode)
+        self.state_changed.emit(self.mode)
+
+    @Slot(object)
+    def _on_model_loaded(self, loaded: LoadedModel) -> None:
+        self.view.set_assistant_name(loaded.name)
+        self.refresh_state()
+        self.context_changed.emit(self.context_use())
+
+    # ---- conversations -----------------------------------------------------------------
+
+    def open(self, conversation_id: int) -> None:
+        """Show a conversation; a reply streaming elsewhere is stopped (its text is kept)."""
+        if conversation_id == self.current_id:
+            return
+        if self._reply is not None:
+            self.bridge.stop()
+        conversation = self.store.get(conversation_id)
+        self.cancel_edit()
+        self.current_id = conversation.id
+        messages = self.store.messages(conversation.id)
+        self.view.show_messages(messages)
+        self._used_tokens = _context_after(messages)
+        self.context_changed.emit(self.context_use())
+        self.conversation_opened.emit(conversation.id)
+
+    def new_conversation(self) -> int:
+        """Open a new, empty chat (or stay in the current one if it is still empty)."""
+        if self.current_id is not None and not self.store.messages(self.current_id):
+            self.pane.input.setFocus()
+            return self.current_id
+        current = self.store.get(self.current_id) if self.current_id is not None else None
+        created = self.store.create(
+            system_prompt=current.system_prompt if current else "",
+            sampling=current.sampling if current else None,
+        )
+        self.conversations_changed.emit()
+        self.open(created.id)
+        self.pane.input.setFocus()
+        return created.id
+
+    def open_latest_or_new(self, preferred_id: int | None = None) -> None:
+        conversations = self.store.list()
+        ids = [c.id for c in conversations]
+        if preferred_id is not None and preferred_id in ids:
+            self.open(preferred_id)
+        elif ids:
+            self.open(ids[0])
+        else:
+            self.new_conversation()
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        self.store.rename(conversation_id, title)
+        self.conversations_changed.emit()
+
+    def delete(self, conversation_id: int) -> None:
+        if self.replying_to == conversation_id:
+            self.bridge.stop()
+            self._reply = None  # nothing left to save it into
+        self.store.delete(conversation_id)
+        if conversation_id == self.current_id:
+            self.current_id = None
+            self.open_latest_or_new()
+        self.conversations_changed.emit()
+
+    def settings(self) -> ChatSettings:
+        conversation = self._current_conversation()
+        return ChatSettings(conversation.system_prompt, conversation.sampling)
+
+    def apply_settings(self, settings: ChatSettings) -> None:
+        conversation = self._current_conversation()
+        self.store.update_settings(
+            conversation.id, system_prompt=settings.system_prompt, sampling=settings.sampling
+        )
+
+    # ---- chatting ----------------------------------------------------------------------
+
+    @Slot(str)
+    def send(self, text: str) -> bool:
+        """Send `text` (or, while editing, resend the edited message); False if refused."""
+        text = text.strip()
+        if not text or self.mode == "generating":
+            return False
+        conversation = self._current_conversation()
+        messages = self.store.messages(conversation.id)
+        editing = self._message_being_edited(messages)
+        if editing is not None:
+            messages = messages[: messages.index(editing)]
+        history = [*engine_messages(conversation, messages), ChatMessage("user", text)]
+        if not self._start_reply(conversation, history):
+            return False
+        if editing is not None:
+            self.view.show_messages(self.store.edit_message(editing.id, text))
+        else:
+            self.view.append_message(self.store.add_message(conversation.id, "user", text))
+        self.cancel_edit()
+        self.pane.input.clear()
+        self._begin_saving_reply(conversation.id)
+        return True
+
+    @Slot()
+    def regenerate(self) -> bool:
+        """Write the last reply again (or answer a last user message left without one)."""
+        if self.mode == "generating" or self.current_id is None:
+            return False
+        conversation = self._current_conversation()
+        messages = self.store.messages(conversation.id)
+        if messages and messages[-1].role == "assistant":
+            messages = messages[:-1]
+        if not messages or messages[-1].role != "user":
+            return False
+        if not self._start_reply(conversation, engine_messages(conversation, messages)):
+            return False
+        self.store.truncate_after(conversation.id, messages[-1].position)
+        self.view.show_messages(messages)
+        self._begin_saving_reply(conversation.id)
+        return True
+
+    @Slot()
+    def stop(self) -> None:
+        self.bridge.stop()
+
+    @Slot(int)
+    def begin_edit(self, message_id: int) -> None:
+        if self.mode == "generating":
+            return
+        message = self.store.message(message_id)
+        if message.role != "user" or message.conversation_id != self.current_id:
+            return
+        self.editing_message_id = message.id
+        self.pane.begin_edit(message.content)
+
+    @Slot()
+    def cancel_edit(self) -> None:
+        if self.editing_message_id is None:
+            return
+        self.editing_message_id = None
+        self.pane.end_edit()
+        self.pane.input.clear()
+
+    def _start_reply(self, conversation: Conversation, history: list[ChatMessage]) -> bool:
+        try:
+            self.bridge.send(history, conversation.sampling)
+        except HearthsideError as exc:
+            self.error.emit(exc)
+            return False
+        return True
+
+    def _begin_saving_reply(self, conversation_id: int) -> None:
+        loaded = self.bridge.loaded_model
+        if loaded is not None and loaded.model_id is not None:
+            self.store.set_model(conversation_id, loaded.model_id)  # the chat's latest model
+        reply = self.store.add_message(conversation_id, "assistant", "", complete=False)
+        self._reply = _Reply(conversation_id, reply.id)
+        self.view.begin_reply()
+        self.conversations_changed.emit()
+        self.refresh_state()
+
+    def finish_pending_reply(self, timeout_s: float = 2.0) -> None:
+        """At shutdown, with no event loop left to deliver it: wait for the stopped reply,
+        hand its final text and metrics to the writer and wait until they are saved."""
+        reply, self._reply = self._reply, None
+        if reply is not None:
+            result = reply.result or self.bridge.wait_for_reply(timeout_s)
+            if result is not None:
+                self.writer.finish(reply.message_id, result.text, result.metrics)
+        self.writer.wait_until_idle(timeout_s)
+
+    def rerender(self) -> None:
+        """Draw the open conversation again (after a theme change)."""
+        if self.current_id is not None and not self.view.streaming:
+            self.view.show_messages(self.store.messages(self.current_id))
+
+    # ---- the reply streaming in ----------------------------------------------------------
+
+    @Slot(str)
+    def _on_text_flushed(self, piece: str) -> None:
+        reply = self._reply
+        if reply is None:
+            return
+        reply.text += piece
+        self.writer.save(reply.message_id, reply.text)
+
+    @Slot(object)
+    def _on_saved(self, saved: SavedText) -> None:
+        """Text is on disk: now it may be shown. The final save makes the chat idle."""
+        reply = self._reply
+        if reply is None or saved.message_id != reply.message_id:
+            return
+        showing = reply.conversation_id == self.current_id
+        if not saved.final:
+            if showing:
+                self.view.update_reply(saved.text)
+            return
+        self._reply = None
+        assert reply.result is not None
+        metrics = reply.result.metrics
+        if showing:
+            self.view.finish_reply(saved.text, reply_note(metrics, complete=True))
+            self._used_tokens = _tokens_in_context(metrics)
+        self.conversations_changed.emit()
+        self.refresh_state()
+        self.reply_metrics.emit(metrics)
+        self.context_changed.emit(self.context_use())
+
+    @Slot(object)
+    def _on_reply_finished(self, result: GenerationResult) -> None:
+        reply = self._reply
+        if reply is None:  # its chat was deleted meanwhile
+            self.refresh_state()
+            return
+        reply.result = result
+        self.writer.finish(reply.message_id, result.text, result.metrics)
+
+    @Slot(object)
+    def _on_reply_failed(self, error: BaseException) -> None:
+        reply, self._reply = self._reply, None
+        if reply is not None:
+            self.writer.wait_until_idle()  # its saves first, then the repair below
+            self._keep_or_drop_failed_reply(reply)
+        self.refresh_state()
+        if not isinstance(error, JobCancelledError):
+            self.error.emit(error)
+
+    def _keep_or_drop_failed_reply(self, reply: _Reply) -> None:
+        showing = reply.conversation_id == self.current_id
+        if reply.text:
+            self.store.update_message(reply.message_id, reply.text, complete=True)
+            if showing:
+                self.view.finish_reply(reply.text, "the reply failed part-way")
+            return
+        self.store.delete_message(reply.message_id)
+        if showing:
+            self.view.discard_reply()
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _current_conversation(self) -> Conversation:
+        if self.current_id is None:
+            self.new_conversation()
+        assert self.current_id is not None
+        return self.store.get(self.current_id)
+
+    def _message_being_edited(self, messages: list[StoredMessage]) -> StoredMessage | None:
+        if self.editing_message_id is None:
+            return None
+        return next((m for m in messages if m.id == self.editing_message_id), None)
+
+
+def _tokens_in_context(metrics: GenerationMetrics) -> int:
+    return metrics.prompt_tokens + metrics.completion_tokens
+
+
+def _context_after(messages: Sequence[StoredMessage]) -> int | None:
+    if not messages:
+        return 0
+    last = messages[-1]
+    if last.role == "assistant" and last.metrics is not None:
+        return _tokens_in_context(last.metrics)
+    return None

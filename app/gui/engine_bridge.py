@@ -1,0 +1,197 @@
+"""`EngineBridge`: the window's side of the EngineService, as Qt signals.
+
+The engine thread never touches a widget. It appends each new piece of text to a buffer under
+a lock; a timer on the GUI thread drains that buffer every `flush_interval_ms` and emits one
+`text_flushed` with everything that arrived meanwhile (STYLE.md practice 11), so the view
+updates ~25 times a second however fast the model is. A finished job hops to the GUI thread
+through a queued signal. Stopping is the job's own cancel event, checked between tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
+
+from hearthside.core.engine.config import EngineConfig, SamplingParams
+from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
+from hearthside.core.engine.service import EngineService, Job
+from hearthside.core.errors import EngineError
+
+DEFAULT_FLUSH_INTERVAL_MS = 40
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    config: EngineConfig
+    n_ctx: int  # the real context llama.cpp allocated (it pads the requested one)
+    name: str
+    model_id: str | None = None  # the registry id; None for an unregistered file
+
+
+class _TextBuffer:
+    """Text written by the engine thread, taken by the GUI thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pieces: list[str] = []
+
+    def append(self, piece: str) -> None:
+        with self._lock:
+            self._pieces.append(piece)
+
+    def take(self) -> str:
+        with self._lock:
+            pieces, self._pieces = self._pieces, []
+        return "".join(pieces)
+
+
+class EngineBridge(QObject):
+    """Loads models and streams replies through one EngineService, one reply at a time."""
+
+    load_started = Signal(str)  # the model's display name
+    load_finished = Signal(object)  # LoadedModel
+    load_failed = Signal(object)  # Exception
+    reply_started = Signal()
+    text_flushed = Signal(str)  # the text that arrived since the last flush
+    reply_finished = Signal(object)  # GenerationResult (stop_reason "cancelled" when stopped)
+    reply_failed = Signal(object)  # Exception
+    _job_done = Signal(object)  # the finished Job, sent from the engine thread
+
+    def __init__(
+        self,
+        service: EngineService,
+        *,
+        flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.service = service
+        self._buffer = _TextBuffer()
+        self._flush_timer = QTimer(self)
+        self._flush_timer.setInterval(flush_interval_ms)
+        self._flush_timer.timeout.connect(self._flush)
+        self._reply: Job[GenerationResult] | None = None
+        self._load: Job[Any] | None = None
+        self._loaded: LoadedModel | None = None
+        # Queued even when the job finishes on this thread: listeners always hear of a job
+        # after the call that started it has returned.
+        self._job_done.connect(self._on_job_done, Qt.ConnectionType.QueuedConnection)
+
+    # ---- state -------------------------------------------------------------------------
+
+    @property
+    def generating(self) -> bool:
+        return self._reply is not None
+
+    @property
+    def loading(self) -> bool:
+        return self._load is not None
+
+    @property
+    def loaded_model(self) -> LoadedModel | None:
+        return self._loaded
+
+    # ---- commands ----------------------------------------------------------------------
+
+    def load(
+        self, config: EngineConfig, name: str | None = None, model_id: str | None = None
+    ) -> None:
+        """Load `config`'s model (after any reply already queued); raises QueueFullError."""
+        if self._load is not None:
+            raise EngineError(
+                "A model is already loading.", hint="Wait until it is ready, then try again."
+            )
+        self.stop()
+        self._loaded = None
+        name = name or Path(config.model_path).stem
+        load_job = self.service.load(config)
+
+        def describe(engine: Engine) -> LoadedModel:
+            return LoadedModel(config, engine.n_ctx, name, model_id)
+
+        try:
+            self._load = self.service.call(describe, "describe the loaded model")
+        except EngineError:
+            load_job.cancel()  # no one would hear of it
+            raise
+        self.load_started.emit(name)
+        self._notify_when_done(self._load, load_job)
+
+    def send(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> None:
+        """Queue a reply to `messages`; raises a HearthsideError when it cannot be queued."""
+        if self._reply is not None:
+            raise EngineError("A reply is still being written.", hint="Stop it or wait for it.")
+        if self._loaded is None:
+            raise EngineError(
+                "No model is ready yet.", hint="Wait until the model has loaded, then send again."
+            )
+        self._buffer.take()
+        self._reply = self.service.chat(messages, sampling, on_text=self._buffer.append)
+        self._flush_timer.start()
+        self.reply_started.emit()
+        self._notify_when_done(self._reply)
+
+    def stop(self) -> None:
+        """Stop the reply being written (within one token); its text so far is kept."""
+        if self._reply is not None:
+            self._reply.cancel()
+
+    def wait_for_reply(self, timeout_s: float) -> GenerationResult | None:
+        """Block until the reply being written ends (for shutdown); None if it failed."""
+        job = self._reply
+        if job is None:
+            return None
+        try:
+            return job.result(timeout_s)
+        except Exception:  # a failed or timed-out reply has nothing more to save
+            return None
+
+    # ---- plumbing ----------------------------------------------------------------------
+
+    def _notify_when_done(self, job: Job[Any], *first: Job[Any]) -> None:
+        # `first` are earlier jobs whose failure explains this one's (a load before its describe).
+        job.future.add_done_callback(lambda _future: self._job_done.emit((job, first)))
+
+    @Slot()
+    def _flush(self) -> None:
+        text = self._buffer.take()
+        if text:
+            self.text_flushed.emit(text)
+
+    @Slot(object)
+    def _on_job_done(self, done: tuple[Job[Any], tuple[Job[Any], ...]]) -> None:
+        job, first = done
+        if job is self._reply:
+            self._finish_reply(job)
+        elif job is self._load:
+            self._finish_load(job, first)
+
+    def _finish_reply(self, job: Job[GenerationResult]) -> None:
+        self._flush_timer.stop()
+        self._flush()
+        self._reply = None
+        error = job.future.exception()
+        if error is not None:
+            self.reply_failed.emit(error)
+        else:
+            self.reply_finished.emit(job.future.result())
+
+    def _finish_load(self, job: Job[LoadedModel], first: tuple[Job[Any], ...]) -> None:
+        self._load = None
+        error = next((e for e in map(_exception, (*first, job)) if e is not None), None)
+        if error is not None:
+            self.load_failed.emit(error)
+            return
+        self._loaded = job.future.result()
+        self.load_finished.emit(self._loaded)
+
+
+def _exception(job: Job[Any]) -> BaseException | None:
+    future: Future[Any] = job.future
+    return future.exception() if future.done() else None

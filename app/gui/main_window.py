@@ -1,0 +1,517 @@
+"""`MainWindow`: chats on the left, the conversation on the right, Models and Hardware pages,
+the Local API switch in the toolbar and the model's speed and context use in the status line.
+
+The window owns the EngineBridge (Qt side of the EngineService it is given), the chat history
+and its QSettings. Everything slow — installing the default model, resolving a model file,
+loading it, probing the hardware, answering — happens off the GUI thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, Signal, Slot
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QSizePolicy,
+    QSplitter,
+    QStackedWidget,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hearthside.app.gui import window_state as keys
+from hearthside.app.gui.api_switch import ApiSwitch
+from hearthside.app.gui.chat_pane import ChatPane
+from hearthside.app.gui.chat_session import ChatSession, ContextUse
+from hearthside.app.gui.chat_settings_dialog import ChatSettingsDialog
+from hearthside.app.gui.conversation_list import ConversationList
+from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
+from hearthside.app.gui.hardware_page import HardwarePage
+from hearthside.app.gui.icons import app_icon, icon
+from hearthside.app.gui.model_loader import LoadOptions, PreparedModel, prepare_model
+from hearthside.app.gui.models_page import ModelsPage
+from hearthside.app.gui.reply_writer import ReplyWriter
+from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
+from hearthside.core.engine.engine import GenerationMetrics
+from hearthside.core.engine.service import EngineService
+from hearthside.core.errors import HearthsideError
+from hearthside.core.history.store import ConversationStore
+from hearthside.core.paths import data_dir
+
+WINDOW_TITLE = "Hearthside"
+CHAT_PAGE, MODELS_PAGE, HARDWARE_PAGE = 0, 1, 2
+PAGE_NAMES = {CHAT_PAGE: "Chat", MODELS_PAGE: "Models", HARDWARE_PAGE: "Hardware"}
+PAGE_ICONS = {CHAT_PAGE: "chat", MODELS_PAGE: "models", HARDWARE_PAGE: "hardware"}
+BAR_STYLE = """
+QFrame#messageBar { border-radius: 6px; padding: 2px; }
+QFrame#messageBar[kind="error"] { background: #fde8e8; border: 1px solid #f5b5b5; }
+QFrame#messageBar[kind="info"] { background: #e8f0fe; border: 1px solid #b5c8f5; }
+QFrame#messageBar QLabel { color: #1f2328; }
+QFrame#banner { background: #fff4e0; border: 1px solid #f0c68a; border-radius: 6px; }
+QFrame#banner QLabel { color: #1f2328; }
+"""
+
+
+def plain_error_text(error: BaseException) -> str:
+    """What to tell the user about `error`: our message and hint, or one honest line."""
+    if isinstance(error, HearthsideError):
+        return error.user_text()
+    return (
+        f"Something went wrong ({type(error).__name__}). Try again; if it keeps happening, "
+        "restart Hearthside."
+    )
+
+
+class MessageBar(QFrame):
+    """A dismissible line above the pages for errors and notices, in plain words."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("messageBar")
+        self.label = QLabel(self)
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.close_button = QPushButton("Dismiss", self)
+        self.close_button.clicked.connect(self.hide)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(10, 6, 6, 6)
+        row.addWidget(self.label, 1)
+        row.addWidget(self.close_button, 0, Qt.AlignmentFlag.AlignTop)
+        self.hide()
+
+    def show_text(self, text: str, *, error: bool) -> None:
+        self.setProperty("kind", "error" if error else "info")
+        self.style().unpolish(self)
+        self.style().polish(self)
+        self.label.setText(text)
+        self.show()
+
+    @property
+    def text(self) -> str:
+        return self.label.text() if not self.isHidden() else ""
+
+
+class OptimizeBanner(QFrame):
+    """The one-time offer to tune Hearthside to this machine."""
+
+    accepted = Signal()
+    dismissed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("banner")
+        text = QLabel(
+            "Hearthside can measure this computer and pick the fastest settings for it.", self
+        )
+        text.setWordWrap(True)
+        self.accept_button = QPushButton("Optimize for my hardware", self)
+        self.accept_button.clicked.connect(self.accepted)
+        self.dismiss_button = QPushButton("Not now", self)
+        self.dismiss_button.clicked.connect(self.dismissed)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(10, 6, 6, 6)
+        row.addWidget(text, 1)
+        row.addWidget(self.accept_button)
+        row.addWidget(self.dismiss_button)
+
+
+class MainWindow(QMainWindow):
+    closed = Signal()
+
+    def __init__(
+        self,
+        service: EngineService,
+        *,
+        settings: QSettings | None = None,
+        load_options: LoadOptions | None = None,
+        probe_command: Sequence[str] | None = None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.setWindowTitle(WINDOW_TITLE)
+        self.setWindowIcon(app_icon())
+        self.root: Path = data_dir()
+        self.service = service
+        self.settings = settings if settings is not None else keys.gui_settings(self.root)
+        self.load_options = load_options or LoadOptions()
+        self.store = ConversationStore(self.root)
+        self.bridge = EngineBridge(service, parent=self)
+        self.reply_writer = ReplyWriter(self.root, parent=self)
+        self._preparing: BackgroundTask[PreparedModel] | None = None
+        self._install_progress = MainThreadRelay(self._show_install_progress, self)
+        self._shut_down = False
+        self._build_pages(probe_command)
+        self.session = ChatSession(
+            self.store, self.bridge, self.chat_pane, self.reply_writer, parent=self
+        )
+        self._build_chrome()
+        self._connect()
+        self.apply_theme(dark=False)
+        self._restore_state()
+
+    # ---- building ----------------------------------------------------------------------
+
+    def _build_pages(self, probe_command: Sequence[str] | None) -> None:
+        self.conversation_list = ConversationList(self)
+        self.chat_pane = ChatPane(self)
+        self.sidebar_splitter = QSplitter(Qt.Orientation.Horizontal, self)
+        self.sidebar_splitter.addWidget(self.conversation_list)
+        self.sidebar_splitter.addWidget(self.chat_pane)
+        self.sidebar_splitter.setStretchFactor(1, 1)
+        self.sidebar_splitter.setSizes([260, 900])
+        self.models_page = ModelsPage(self.root, self)
+        self.hardware_page = HardwarePage(self, probe_command=probe_command)
+        self.pages = QStackedWidget(self)
+        for page in (self.sidebar_splitter, self.models_page, self.hardware_page):
+            self.pages.addWidget(page)
+
+    def _build_chrome(self) -> None:
+        self.message_bar = MessageBar(self)
+        self.banner = OptimizeBanner(self)
+        self.banner.setVisible(not keys.read_bool(self.settings, keys.BANNER_DISMISSED_KEY))
+        central = QWidget(self)
+        column = QVBoxLayout(central)
+        column.setContentsMargins(6, 6, 6, 0)
+        column.addWidget(self.banner)
+        column.addWidget(self.message_bar)
+        column.addWidget(self.pages, 1)
+        self.setCentralWidget(central)
+        self.setStyleSheet(BAR_STYLE)
+        self._build_toolbar()
+        self._build_status_bar()
+        self._build_shortcuts()
+
+    def _build_toolbar(self) -> None:
+        toolbar = QToolBar("Main", self)
+        toolbar.setObjectName("mainToolbar")
+        toolbar.setMovable(False)
+        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.page_actions: dict[int, QAction] = {}
+        group = QActionGroup(self)
+        group.setExclusive(True)
+        for index, name in PAGE_NAMES.items():
+            action = QAction(name, self, checkable=True)
+            action.setShortcut(QKeySequence(f"Ctrl+{index + 1}"))
+            action.setToolTip(f"{name} (Ctrl+{index + 1})")
+            action.triggered.connect(lambda _checked=False, page=index: self.show_page(page))
+            group.addAction(action)
+            toolbar.addAction(action)
+            self.page_actions[index] = action
+        self.page_actions[CHAT_PAGE].setChecked(True)
+        toolbar.addSeparator()
+        self.new_chat_action = QAction("New chat", self)
+        self.new_chat_action.setShortcut(QKeySequence("Ctrl+N"))
+        self.new_chat_action.setToolTip("Start a new chat (Ctrl+N)")
+        self.new_chat_action.triggered.connect(self.new_chat)
+        toolbar.addAction(self.new_chat_action)
+        spacer = QWidget(toolbar)
+        spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        toolbar.addWidget(spacer)
+        self.api_switch = ApiSwitch(self.service, toolbar)
+        toolbar.addWidget(self.api_switch)
+        self.addToolBar(toolbar)
+        self.toolbar = toolbar
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.model_label = QLabel("No model loaded", self)
+        self.install_progress = QProgressBar(self)
+        self.install_progress.setMaximumWidth(200)
+        self.install_progress.setTextVisible(True)
+        self.install_progress.hide()
+        self.speed_label = QLabel("", self)
+        self.context_label = QLabel("", self)
+        for label in (self.speed_label, self.context_label):
+            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        bar.addWidget(self.model_label)
+        bar.addWidget(self.install_progress)
+        bar.addPermanentWidget(self.speed_label)
+        bar.addPermanentWidget(self.context_label)
+
+    def _build_shortcuts(self) -> None:
+        self.stop_action = QAction("Stop", self)
+        self.stop_action.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+        self.stop_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        self.stop_action.triggered.connect(self.escape)
+        self.search_action = QAction("Search chats", self)
+        self.search_action.setShortcut(QKeySequence(QKeySequence.StandardKey.Find))
+        self.search_action.triggered.connect(self._focus_search)
+        for action in (self.stop_action, self.search_action):
+            self.addAction(action)
+        self.setTabOrder(self.conversation_list.list, self.chat_pane.input)
+
+    def _connect(self) -> None:
+        session, chats = self.session, self.conversation_list
+        chats.conversation_selected.connect(self._open_conversation)
+        chats.new_requested.connect(self.new_chat)
+        chats.rename_requested.connect(self.rename_conversation)
+        chats.delete_requested.connect(self.delete_conversation)
+        chats.search_changed.connect(lambda _text: self.refresh_conversations())
+        session.conversations_changed.connect(self.refresh_conversations)
+        session.conversation_opened.connect(self._remember_conversation)
+        session.reply_metrics.connect(self._show_metrics)
+        session.context_changed.connect(self._show_context)
+        session.error.connect(self.show_error)
+        self.chat_pane.settings_requested.connect(self.edit_chat_settings)
+        self.bridge.load_started.connect(self._on_load_started)
+        self.bridge.load_finished.connect(self._on_model_loaded)
+        self.bridge.load_failed.connect(self._on_load_failed)
+        self.models_page.load_requested.connect(self._load_requested_model)
+        self.banner.accepted.connect(self._optimize)
+        self.banner.dismissed.connect(self._dismiss_banner)
+
+    # ---- starting ----------------------------------------------------------------------
+
+    def start(self, model_ref: str = "default", *, probe: bool = True) -> None:
+        """Show the last chat, probe the hardware and get the model ready, without blocking."""
+        self.session.open_latest_or_new(keys.read_int(self.settings, keys.LAST_CONVERSATION_KEY))
+        self.refresh_conversations()
+        if probe:
+            self.hardware_page.refresh()
+        self.load_model(model_ref)
+        self.chat_pane.input.setFocus()
+
+    def load_model(self, ref: str) -> None:
+        """Resolve `ref` (installing the default model on first use) off the GUI thread, then
+        load it through the engine; chatting waits until it is ready."""
+        if self._preparing is not None:
+            self.show_error(HearthsideError("A model is already being prepared; please wait."))
+            return
+        self.bridge.stop()
+        self.model_label.setText("Preparing the model…")
+        self.session.set_model_pending(True)
+        options, relay = self.load_options, self._install_progress
+        self._preparing = run_in_background(
+            lambda: prepare_model(ref, options, progress=lambda *done: relay.post(done)),
+            self._on_model_prepared,
+            self._on_prepare_failed,
+        )
+
+    @Slot(object)
+    def _on_model_prepared(self, prepared: PreparedModel) -> None:
+        self._preparing = None
+        self.install_progress.hide()
+        self.session.set_model_pending(False)
+        try:
+            self.bridge.load(prepared.config, prepared.name, prepared.model_id)
+        except HearthsideError as exc:
+            self._on_load_failed(exc)
+
+    @Slot(object)
+    def _on_prepare_failed(self, error: BaseException) -> None:
+        self._preparing = None
+        self.install_progress.hide()
+        self.session.set_model_pending(False)
+        still_loaded = self.bridge.loaded_model
+        if still_loaded is None:
+            self._on_load_failed(error)
+            return
+        self._on_model_loaded(still_loaded)  # nothing was unloaded: carry on with it
+        self.show_error(
+            error,
+            prefix=f"That model could not be loaded; still chatting with {still_loaded.name}. ",
+        )
+
+    def _show_install_progress(self, done: tuple[int, int]) -> None:
+        done_bytes, total_bytes = done
+        self.model_label.setText("Installing the default model…")
+        self.install_progress.setRange(0, 100)
+        self.install_progress.setValue(done_bytes * 100 // total_bytes if total_bytes else 0)
+        self.install_progress.show()
+
+    # ---- model events ------------------------------------------------------------------
+
+    @Slot(str)
+    def _on_load_started(self, name: str) -> None:
+        self.model_label.setText(f"Loading {name}…")
+        self.speed_label.clear()
+
+    @Slot(object)
+    def _on_model_loaded(self, loaded: LoadedModel) -> None:
+        self.model_label.setText(loaded.name)
+        self.model_label.setToolTip(loaded.config.model_path)
+        self.chat_pane.input.setFocus()
+
+    @Slot(object)
+    def _on_load_failed(self, error: BaseException) -> None:
+        self.model_label.setText("No model loaded")
+        self.chat_pane.set_mode("unavailable")
+        self.show_error(error, prefix="The model could not be loaded. ")
+
+    @Slot(str)
+    def _load_requested_model(self, model_id: str) -> None:
+        self.show_page(CHAT_PAGE)
+        self.load_model(model_id)
+
+    # ---- chats -------------------------------------------------------------------------
+
+    @Slot()
+    def new_chat(self) -> None:
+        self.show_page(CHAT_PAGE)
+        self._guarded(self.session.new_conversation)
+
+    @Slot(int, str)
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        self._guarded(lambda: self.session.rename(conversation_id, title))
+
+    @Slot(int)
+    def delete_conversation(self, conversation_id: int) -> None:
+        self._guarded(lambda: self.session.delete(conversation_id))
+
+    @Slot()
+    def refresh_conversations(self) -> None:
+        if self._shut_down:  # a late signal after closing; the history is closed
+            return
+        query = self.conversation_list.search_text()
+        try:
+            found = self.store.search(query) if query.strip() else self.store.list()
+        except HearthsideError as exc:
+            self.show_error(exc)
+            return
+        self.conversation_list.set_conversations(found, self.session.current_id)
+
+    @Slot(int)
+    def _open_conversation(self, conversation_id: int) -> None:
+        self._guarded(lambda: self.session.open(conversation_id))
+
+    @Slot(int)
+    def _remember_conversation(self, conversation_id: int) -> None:
+        self.settings.setValue(keys.LAST_CONVERSATION_KEY, conversation_id)
+        self.refresh_conversations()
+
+    @Slot()
+    def edit_chat_settings(self) -> None:
+        dialog = ChatSettingsDialog(self.session.settings(), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(
+            lambda: self._guarded(lambda: self.session.apply_settings(dialog.settings()))
+        )
+        self.chat_settings_dialog = dialog
+        dialog.open()
+
+    @Slot()
+    def escape(self) -> None:
+        """Esc: stop the reply; otherwise leave editing a message."""
+        if self.session.mode == "generating":
+            self.session.stop()
+        else:
+            self.session.cancel_edit()
+
+    # ---- status ------------------------------------------------------------------------
+
+    @Slot(object)
+    def _show_metrics(self, metrics: GenerationMetrics) -> None:
+        parts = []
+        if metrics.decode_tok_s:
+            parts.append(f"{metrics.decode_tok_s:.1f} tok/s")
+        if metrics.ttft_s is not None:
+            parts.append(f"TTFT {metrics.ttft_s:.2f} s")
+        self.speed_label.setText(" · ".join(parts))
+
+    @Slot(object)
+    def _show_context(self, use: ContextUse) -> None:
+        if use.total_tokens is None:
+            self.context_label.clear()
+            return
+        used = "–" if use.used_tokens is None else str(use.used_tokens)
+        self.context_label.setText(f"context {used} / {use.total_tokens} tokens")
+
+    def show_error(self, error: BaseException, prefix: str = "") -> None:
+        self.message_bar.show_text(prefix + plain_error_text(error), error=True)
+
+    def _guarded(self, action: object) -> None:
+        try:
+            action()  # type: ignore[operator]
+        except HearthsideError as exc:
+            self.show_error(exc)
+
+    # ---- pages, banner, theme ----------------------------------------------------------
+
+    def show_page(self, index: int) -> None:
+        self.pages.setCurrentIndex(index)
+        self.page_actions[index].setChecked(True)
+        if index == CHAT_PAGE:
+            self.chat_pane.input.setFocus()
+
+    def _focus_search(self) -> None:
+        self.show_page(CHAT_PAGE)
+        self.conversation_list.search_box.setFocus()
+        self.conversation_list.search_box.selectAll()
+
+    @Slot()
+    def _optimize(self) -> None:
+        self._dismiss_banner()
+        self.show_page(HARDWARE_PAGE)
+
+    @Slot()
+    def _dismiss_banner(self) -> None:
+        self.banner.hide()
+        self.settings.setValue(keys.BANNER_DISMISSED_KEY, True)
+
+    def apply_theme(self, dark: bool) -> None:
+        """Icons and code colours for the palette now in use."""
+        color = self.palette().windowText().color().name()
+        for index, action in self.page_actions.items():
+            action.setIcon(icon(PAGE_ICONS[index], color))
+        self.new_chat_action.setIcon(icon("new-chat", color))
+        self.chat_pane.set_icon_color(color)
+        self.conversation_list.new_button.setIcon(icon("new-chat", color))
+        self.message_bar.close_button.setIcon(icon("close", "#1f2328"))
+        self.chat_pane.view.set_dark(dark)
+        self.session.rerender()
+
+    # ---- window state ------------------------------------------------------------------
+
+    def _restore_state(self) -> None:
+        settings = self.settings
+        geometry = settings.value(keys.GEOMETRY_KEY)
+        restored = isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)
+        if not restored:
+            self.resize(1200, 800)
+        for key, widget in (
+            (keys.WINDOW_STATE_KEY, self),
+            (keys.SIDEBAR_SPLITTER_KEY, self.sidebar_splitter),
+            (keys.CHAT_SPLITTER_KEY, self.chat_pane.splitter),
+        ):
+            value = settings.value(key)
+            if isinstance(value, QByteArray):
+                widget.restoreState(value)
+        page = keys.read_int(settings, keys.PAGE_KEY)
+        self.show_page(page if page in PAGE_NAMES else CHAT_PAGE)
+
+    def save_state(self) -> None:
+        settings = self.settings
+        settings.setValue(keys.GEOMETRY_KEY, self.saveGeometry())
+        settings.setValue(keys.WINDOW_STATE_KEY, self.saveState())
+        settings.setValue(keys.SIDEBAR_SPLITTER_KEY, self.sidebar_splitter.saveState())
+        settings.setValue(keys.CHAT_SPLITTER_KEY, self.chat_pane.splitter.saveState())
+        settings.setValue(keys.PAGE_KEY, self.pages.currentIndex())
+        if self.session.current_id is not None:
+            settings.setValue(keys.LAST_CONVERSATION_KEY, self.session.current_id)
+        settings.sync()
+
+    def shutdown(self) -> None:
+        """Save the window, turn the API off and let the reply stop; idempotent."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self.save_state()
+        self.api_switch.stop()
+        self.session.stop()
+        self.session.finish_pending_reply()
+        self.reply_writer.close()
+        self.store.close()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt's name)
+        self.shutdown()
+        super().closeEvent(event)
+        self.closed.emit()

@@ -1,0 +1,652 @@
+"""The Models page: the registered models, adding GGUF files (picker or drag-and-drop), removing,
+choosing the default, and asking the window to chat with one.
+
+Adding validates the file, loads it once in a child process and copies it into the models
+folder (the model store does all three) on a worker thread, with a progress bar and a Cancel
+button; a problem is shown in plain words in a message bar above the table.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QFrame,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
+from hearthside.core.errors import HearthsideError
+from hearthside.core.models.quantize import (
+    QUANT_TYPES,
+    QuantizeCancelled,
+    plan_quantize,
+    quantize_model,
+)
+from hearthside.core.models.store import ModelRecord, ModelStore, human_size
+from hearthside.core.paths import data_dir
+
+COLUMNS = ("Name", "Size", "Quant", "Parameters", "Architecture", "Licence", "")
+DEFAULT_MARK = "★ Default"
+GGUF_FILTER = "GGUF models (*.gguf);;All files (*)"
+# llama.cpp's quantization names as they appear in file names: Q4_K_M, IQ3_XXS, Q8_0, F16, BF16.
+QUANT_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(I?Q\d_[A-Z0-9_]*[A-Z0-9]|I?Q\d|BF16|F16|F32)", re.I)
+PERCENT = 100
+
+STYLE = """
+QLabel#pageTitle { font-size: 16pt; font-weight: 600; }
+QLabel#muted { color: gray; }
+QFrame#messageBar[kind="error"] { background: #fdecea; border: 1px solid #f5c6cb;
+                                   border-radius: 6px; }
+QFrame#messageBar[kind="error"] QLabel { color: #611a15; }
+QFrame#messageBar[kind="info"] { background: #e8f4fd; border: 1px solid #b6dcfe;
+                                  border-radius: 6px; }
+QFrame#messageBar[kind="info"] QLabel { color: #0d3c61; }
+QPushButton#primary { font-weight: 600; }
+QTableWidget::item { padding: 0 8px; }
+QHeaderView::section { padding: 6px 8px; border: none;
+                       border-bottom: 1px solid palette(midlight); background: palette(base); }
+QFrame#card { background: palette(base); border: 1px solid palette(midlight);
+              border-radius: 8px; }
+QLabel#cardTitle { font-weight: 600; }
+"""
+
+
+class AddCancelled(HearthsideError):
+    """The user cancelled adding a model; nothing was kept."""
+
+
+# ---- what the table shows --------------------------------------------------------------------
+
+
+def quant_label(record: ModelRecord) -> str:
+    if record.quant:
+        return record.quant
+    match = QUANT_IN_NAME.search(record.path.name)
+    return match.group(1).upper() if match else "?"
+
+
+def parameters_label(count: int | None) -> str:
+    if not count:
+        return "?"
+    if count >= 10**9:
+        return f"{count / 10**9:.1f} B"
+    return f"{count / 10**6:.0f} M"
+
+
+def row_texts(record: ModelRecord) -> tuple[str, ...]:
+    name = record.name + (" (linked)" if record.linked else "")
+    return (
+        name,
+        human_size(record.size_bytes),
+        quant_label(record),
+        parameters_label(record.parameter_count),
+        record.architecture or "?",
+        record.licence or "—",
+        DEFAULT_MARK if record.is_default else "",
+    )
+
+
+def detail_rows(record: ModelRecord) -> list[tuple[str, str]]:
+    where = "linked: Hearthside never deletes it" if record.linked else "kept in the models folder"
+    origin = {"default": "installed with Hearthside", "file": "added from a file"}
+    added = record.added_at.replace("T", " ")
+    return [
+        ("File", f"{record.path}  ({where})"),
+        ("Added", f"{added}, {origin.get(record.source, record.source)}"),
+        ("SHA-256", record.sha256),
+        ("Licence", record.licence or "No licence note is known; check where the file came from."),
+    ]
+
+
+def error_text(error: BaseException) -> str:
+    if isinstance(error, HearthsideError):
+        return error.user_text()
+    return f"Something went wrong ({type(error).__name__}). Try again."
+
+
+# ---- adding (worker thread) ------------------------------------------------------------------
+
+
+def add_model_file(
+    home: Path,
+    path: Path,
+    report: Callable[[tuple[int, int]], None],
+    cancel: threading.Event,
+) -> ModelRecord:
+    """Validate, check and copy `path` into the store at `home`. Runs on a worker thread, so it
+    opens its own store (one SQLite connection per thread)."""
+
+    def progress(done_bytes: int, total_bytes: int) -> None:
+        if cancel.is_set():  # the store deletes its .part file when the copy raises
+            raise AddCancelled("Adding the model was cancelled.")
+        report((done_bytes, total_bytes))
+
+    with ModelStore(home) as store:
+        return store.add(path, progress=progress)
+
+
+def make_variant_file(
+    home: Path,
+    model_id: str,
+    target: str,
+    report: Callable[[tuple[int, int]], None],
+    cancel: threading.Event,
+) -> ModelRecord:
+    """Quantize `model_id` to `target` (worker thread); cancelling kills llama.cpp's child."""
+
+    def progress(done: int, total: int) -> None:
+        report((done, total))
+
+    def ignore(_warning: str) -> None:  # the dialog has shown the warnings already
+        return None
+
+    with ModelStore(home) as store:
+        return quantize_model(
+            store, model_id, target, progress=progress, cancel=cancel, on_warning=ignore
+        )
+
+
+def local_files(urls: Iterable[Any]) -> list[Path]:
+    return [Path(url.toLocalFile()) for url in urls if url.isLocalFile()]
+
+
+# ---- the page --------------------------------------------------------------------------------
+
+
+class ModelsPage(QWidget):
+    load_requested = Signal(str)  # model id the user wants to chat with
+    models_changed = Signal()  # added, removed or a new default
+
+    def __init__(self, home: Path | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.home = Path(home) if home is not None else data_dir()
+        self._store = ModelStore(self.home)
+        self.destroyed.connect(self._store.close)
+        self._records: list[ModelRecord] = []
+        self._pending: list[Path] = []
+        self._job: BackgroundTask[ModelRecord] | None = None
+        self._cancel = threading.Event()
+        self._progress_text: Callable[[int, int], str] = copy_progress_text
+        self._progress_relay = MainThreadRelay(self._show_progress, self)
+        self.setAcceptDrops(True)
+        self.setStyleSheet(STYLE)
+        self._build()
+        self.reload()
+
+    # -- public --
+
+    def reload(self) -> None:
+        """Read the registry again and redraw the table, keeping the selection."""
+        chosen = self.selected_id()
+        try:
+            self._records = self._store.list()
+        except HearthsideError as exc:
+            self.show_message(error_text(exc), error=True)
+            self._records = []
+        self._fill_table()
+        self.select(chosen or self._default_id())
+        self._update_buttons()  # the same row may stay selected with new contents
+
+    def selected_id(self) -> str | None:
+        rows = self.table.selectionModel().selectedRows()
+        return self._records[rows[0].row()].id if rows else None
+
+    def select(self, model_id: str | None) -> None:
+        for row, record in enumerate(self._records):
+            if record.id == model_id:
+                self.table.selectRow(row)
+                return
+        self.table.clearSelection()
+        self._update_buttons()
+
+    def add_files(self, paths: Sequence[Path]) -> None:
+        """Add these files one after another (each validated, checked and copied)."""
+        self._pending.extend(paths)
+        self._start_next_add()
+
+    def cancel_job(self) -> None:
+        """Stop adding (and forget the files waiting to be added) or stop making a variant."""
+        self._pending.clear()
+        self._cancel.set()
+
+    @property
+    def busy(self) -> bool:
+        """True while a file is being added or a variant made."""
+        return self._job is not None
+
+    def show_message(self, text: str, *, error: bool = False) -> None:
+        self.message_bar.setProperty("kind", "error" if error else "info")
+        self.message_bar.style().unpolish(self.message_bar)
+        self.message_bar.style().polish(self.message_bar)
+        self.message_label.setText(text)
+        self.message_bar.show()
+
+    @property
+    def message(self) -> str:
+        return self.message_label.text() if self.message_bar.isVisibleTo(self) else ""
+
+    # -- building --
+
+    def _build(self) -> None:
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(20, 16, 20, 16)
+        layout.setSpacing(12)
+        layout.addLayout(self._build_header())
+        layout.addWidget(self._build_message_bar())
+        layout.addWidget(self._build_progress_row())
+        layout.addWidget(self._build_table(), 1)
+        self.empty_hint = QLabel("No models yet. Add a GGUF file, or drop one on this page.")
+        self.empty_hint.setObjectName("muted")
+        self.empty_hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        layout.addWidget(self.empty_hint)
+        layout.addWidget(self._build_details())
+        layout.addLayout(self._build_actions())
+
+    def _build_header(self) -> QHBoxLayout:
+        header = QHBoxLayout()
+        titles = QVBoxLayout()
+        titles.setSpacing(2)
+        title = QLabel("Models")
+        title.setObjectName("pageTitle")
+        subtitle = QLabel("GGUF model files Hearthside can run. Drop .gguf files here to add them.")
+        subtitle.setObjectName("muted")
+        titles.addWidget(title)
+        titles.addWidget(subtitle)
+        header.addLayout(titles, 1)
+        self.add_button = QPushButton("Add file…")
+        self.add_button.clicked.connect(self._choose_files)
+        header.addWidget(self.add_button, 0, Qt.AlignmentFlag.AlignVCenter)
+        return header
+
+    def _build_message_bar(self) -> QFrame:
+        self.message_bar = QFrame()
+        self.message_bar.setObjectName("messageBar")
+        row = QHBoxLayout(self.message_bar)
+        row.setContentsMargins(12, 8, 8, 8)
+        self.message_label = QLabel()
+        self.message_label.setWordWrap(True)
+        self.message_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        close = QPushButton("Dismiss")
+        close.setFlat(True)
+        close.clicked.connect(self.message_bar.hide)
+        row.addWidget(self.message_label, 1)
+        row.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+        self.message_bar.hide()
+        return self.message_bar
+
+    def _build_progress_row(self) -> QWidget:
+        self.progress_row = QWidget()
+        row = QHBoxLayout(self.progress_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.progress_label = QLabel()
+        self.progress_bar = QProgressBar()
+        self.progress_bar.setRange(0, PERCENT)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.clicked.connect(self.cancel_job)
+        row.addWidget(self.progress_label)
+        row.addWidget(self.progress_bar, 1)
+        row.addWidget(self.cancel_button)
+        self.progress_row.hide()
+        return self.progress_row
+
+    def _build_table(self) -> QTableWidget:
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setAlternatingRowColors(True)
+        self.table.setShowGrid(False)
+        self.table.setWordWrap(False)
+        self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(32)
+        header = self.table.horizontalHeader()
+        header.setHighlightSections(False)
+        header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        for column in range(len(COLUMNS)):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(COLUMNS.index("Licence"), QHeaderView.ResizeMode.Stretch)
+        self.table.itemSelectionChanged.connect(self._update_buttons)
+        self.table.cellDoubleClicked.connect(lambda _row, _col: self._chat())
+        return self.table
+
+    def _build_details(self) -> QFrame:
+        self.details = QFrame()
+        self.details.setObjectName("card")
+        layout = QVBoxLayout(self.details)
+        layout.setContentsMargins(16, 12, 16, 14)
+        self.details_title = QLabel()
+        self.details_title.setObjectName("cardTitle")
+        layout.addWidget(self.details_title)
+        self.details_form = QFormLayout()
+        self.details_form.setHorizontalSpacing(16)
+        self.details_form.setVerticalSpacing(6)
+        layout.addLayout(self.details_form)
+        return self.details
+
+    def _show_details(self, record: ModelRecord | None) -> None:
+        self.details.setVisible(record is not None)
+        while self.details_form.rowCount():
+            self.details_form.removeRow(0)
+        if record is None:
+            return
+        self.details_title.setText(f"{record.name} — {record.id}")
+        for name, value in detail_rows(record):
+            label = QLabel(name)
+            label.setObjectName("muted")
+            text = QLabel(value)
+            text.setWordWrap(True)
+            text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            self.details_form.addRow(label, text)
+
+    def _build_actions(self) -> QHBoxLayout:
+        actions = QHBoxLayout()
+        self.chat_button = QPushButton("Chat with this model")
+        self.chat_button.setObjectName("primary")
+        self.chat_button.clicked.connect(self._chat)
+        self.default_button = QPushButton("Set as default")
+        self.default_button.clicked.connect(self._set_default)
+        self.variant_button = QPushButton("Make a quantized variant…")
+        self.variant_button.clicked.connect(self._choose_variant)
+        self.remove_button = QPushButton("Remove…")
+        self.remove_button.clicked.connect(self._remove)
+        actions.addWidget(self.chat_button)
+        actions.addWidget(self.default_button)
+        actions.addWidget(self.variant_button)
+        actions.addStretch(1)
+        actions.addWidget(self.remove_button)
+        return actions
+
+    def _fill_table(self) -> None:
+        self.table.setRowCount(len(self._records))
+        for row, record in enumerate(self._records):
+            for column, text in enumerate(row_texts(record)):
+                item = QTableWidgetItem(text)
+                item.setToolTip(self._tooltip(record, column, text))
+                self.table.setItem(row, column, item)
+        self.table.setVisible(bool(self._records))
+        self.empty_hint.setVisible(not self._records)
+
+    def _tooltip(self, record: ModelRecord, column: int, text: str) -> str:
+        if COLUMNS[column] == "Name":
+            return f"{record.id}\n{record.path}"
+        return text
+
+    def _update_buttons(self) -> None:
+        chosen = self._selected_record()
+        for button in (self.chat_button, self.remove_button):
+            button.setEnabled(chosen is not None)
+        self.variant_button.setEnabled(chosen is not None and self._job is None)
+        self.default_button.setEnabled(chosen is not None and not chosen.is_default)
+        self._show_details(chosen)
+
+    def _selected_record(self) -> ModelRecord | None:
+        chosen = self.selected_id()
+        return next((r for r in self._records if r.id == chosen), None)
+
+    def _default_id(self) -> str | None:
+        return next((r.id for r in self._records if r.is_default), None)
+
+    # -- actions --
+
+    def _chat(self) -> None:
+        chosen = self.selected_id()
+        if chosen is not None:
+            self.load_requested.emit(chosen)
+
+    def _set_default(self) -> None:
+        chosen = self.selected_id()
+        if chosen is None:
+            return
+        try:
+            record = self._store.set_default(chosen)
+        except HearthsideError as exc:
+            self.show_message(error_text(exc), error=True)
+            return
+        self.show_message(f"{record.name} is now the default model.")
+        self.reload()
+        self.models_changed.emit()
+
+    def _remove(self) -> None:
+        record = self._selected_record()
+        if record is None or not self._confirm_remove(record):
+            return
+        try:
+            self._store.remove(record.id)
+        except HearthsideError as exc:
+            self.show_message(error_text(exc), error=True)
+        else:
+            self.show_message(f"Removed {record.name}.")
+        self.reload()
+        self.models_changed.emit()
+
+    def _confirm_remove(self, record: ModelRecord) -> bool:
+        if self._store.owns_file(record):
+            fate = f"Its file ({human_size(record.size_bytes)}) will be deleted."
+        else:
+            fate = f"Its file stays where it is:\n{record.path}"
+        answer = QMessageBox.question(self, "Remove model", f"Remove {record.name}?\n\n{fate}")
+        return answer == QMessageBox.StandardButton.Yes
+
+    def _choose_files(self) -> None:
+        names, _filter = QFileDialog.getOpenFileNames(
+            self, "Add a model file", str(Path.home()), GGUF_FILTER
+        )
+        self.add_files([Path(name) for name in names])
+
+    # -- drag and drop --
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt's name)
+        if local_files(event.mimeData().urls()):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 (Qt's name)
+        files = local_files(event.mimeData().urls())
+        if not files:
+            event.ignore()
+            return
+        event.acceptProposedAction()
+        self.add_files(files)
+
+    # -- background jobs: adding files (one at a time) and making variants --
+
+    def _start_job(self, job: _Job) -> None:
+        self._cancel = threading.Event()
+        cancel, report = self._cancel, self._progress_relay.post
+        self._progress_text = job.progress_text
+        self.progress_label.setText(job.busy_text)
+        self.progress_bar.setRange(0, 0)  # busy until the work reports its first step
+        self.cancel_button.setEnabled(True)
+        self.progress_row.show()
+        for button in (self.add_button, self.variant_button):
+            button.setEnabled(False)
+        self._job = run_in_background(lambda: job.work(report, cancel), job.on_done, job.on_failed)
+
+    def _show_progress(self, value: tuple[int, int]) -> None:
+        done, total = value
+        if self._job is None or total <= 0:
+            return
+        self.progress_bar.setRange(0, PERCENT)
+        self.progress_bar.setValue(done * PERCENT // total)
+        self.progress_label.setText(self._progress_text(done, total))
+
+    def _job_finished(self) -> None:
+        self._job = None
+        self.progress_row.hide()
+        self.add_button.setEnabled(True)
+        self._update_buttons()
+
+    def _start_next_add(self) -> None:
+        if self._job is not None or not self._pending:
+            return
+        path = self._pending.pop(0)
+        home = self.home
+        self._start_job(
+            _Job(
+                busy_text=f"Checking {path.name}…",
+                work=lambda report, cancel: add_model_file(home, path, report, cancel),
+                on_done=self._added,
+                on_failed=lambda error: self._add_failed(path, error),
+                progress_text=copy_progress_text,
+            )
+        )
+
+    def _added(self, record: ModelRecord) -> None:
+        self._job_finished()
+        hint = "" if self._default_id() else " Make it the default with “Set as default”."
+        self.show_message(f"Added {record.name} ({human_size(record.size_bytes)}).{hint}")
+        self._show_new_model(record)
+        self._start_next_add()
+
+    def _add_failed(self, path: Path, error: BaseException) -> None:
+        self._job_finished()
+        if isinstance(error, AddCancelled):
+            self.show_message(f"Stopped adding {path.name}; nothing was kept.")
+        else:
+            self.show_message(f"Could not add {path.name}. {error_text(error)}", error=True)
+        self._start_next_add()
+
+    def _show_new_model(self, record: ModelRecord) -> None:
+        self.reload()
+        self.select(record.id)
+        self.models_changed.emit()
+
+    # -- quantized variants --
+
+    def make_variant(self, model_id: str, target: str) -> None:
+        """Quantize `model_id` to `target` (e.g. "Q4_0") in the background, as a new model."""
+        if self._job is not None:
+            self.show_message("Wait until the current model job has finished.", error=True)
+            return
+        home = self.home
+        self._start_job(
+            _Job(
+                busy_text=f"Preparing a {target} variant of {model_id}…",
+                work=lambda report, cancel: make_variant_file(
+                    home, model_id, target, report, cancel
+                ),
+                on_done=self._variant_made,
+                on_failed=lambda error: self._variant_failed(target, error),
+                progress_text=lambda done, total: f"Quantizing: {done} of {total} tensors",
+            )
+        )
+
+    def _choose_variant(self) -> None:
+        record = self._selected_record()
+        if record is None:
+            return
+        dialog = QuantizeDialog(self._store, record, self)
+        if dialog.exec() == QDialog.DialogCode.Accepted:
+            self.make_variant(record.id, dialog.target())
+
+    def _variant_made(self, record: ModelRecord) -> None:
+        self._job_finished()
+        self.show_message(f"Made {record.name}: {human_size(record.size_bytes)}.")
+        self._show_new_model(record)
+
+    def _variant_failed(self, target: str, error: BaseException) -> None:
+        self._job_finished()
+        if isinstance(error, QuantizeCancelled):
+            self.show_message(f"Stopped making the {target} variant; nothing was kept.")
+        else:
+            self.show_message(
+                f"Could not make the {target} variant. {error_text(error)}", error=True
+            )
+
+
+@dataclass(frozen=True)
+class _Job:
+    busy_text: str
+    work: Callable[[Callable[[tuple[int, int]], None], threading.Event], ModelRecord]
+    on_done: Callable[[ModelRecord], None]
+    on_failed: Callable[[BaseException], None]
+    progress_text: Callable[[int, int], str]
+
+
+def copy_progress_text(done_bytes: int, total_bytes: int) -> str:
+    return f"Copying {human_size(done_bytes)} of {human_size(total_bytes)}"
+
+
+# ---- the "Make a quantized variant" dialog ---------------------------------------------------
+
+
+class QuantizeDialog(QDialog):
+    """Pick a quantization type; shows the planned result (name, size, warnings) before OK."""
+
+    def __init__(self, store: ModelStore, record: ModelRecord, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._store = store
+        self._record = record
+        self.setWindowTitle("Make a quantized variant")
+        layout = QVBoxLayout(self)
+        layout.setSpacing(10)
+        intro = QLabel(
+            f"Make a copy of {record.name} ({record.quant or 'unknown type'}) with another "
+            "quantization: fewer bits make a smaller, faster model that answers a little worse."
+        )
+        intro.setWordWrap(True)
+        layout.addWidget(intro)
+        form = QFormLayout()
+        self.type_box = QComboBox()
+        self.type_box.addItems(list(QUANT_TYPES))
+        form.addRow("Quantization", self.type_box)
+        layout.addLayout(form)
+        self.plan_label = QLabel()
+        self.plan_label.setWordWrap(True)
+        layout.addWidget(self.plan_label)
+        self.buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
+        self.ok_button = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+        self.ok_button.setText("Make variant")
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        layout.addWidget(self.buttons)
+        self.type_box.currentTextChanged.connect(self._show_plan)
+        self.type_box.setCurrentText(suggested_target(record.quant))
+        self._show_plan(self.type_box.currentText())
+        self.resize(480, self.sizeHint().height())
+
+    def target(self) -> str:
+        return self.type_box.currentText()
+
+    def _show_plan(self, target: str) -> None:
+        try:
+            plan = plan_quantize(self._store, self._record.id, target)
+        except HearthsideError as exc:
+            self.plan_label.setText(exc.user_text())
+            self.ok_button.setEnabled(False)
+            return
+        text = f"Makes “{plan.name}”, about {human_size(plan.estimated_bytes)}."
+        self.plan_label.setText("\n\n".join([text, *plan.warnings]))
+        self.ok_button.setEnabled(True)
+
+
+def suggested_target(source_quant: str | None) -> str:
+    """A sensible first choice: the common 4-bit mix, or 8-bit for a source that already is."""
+    return "Q8_0" if (source_quant or "").upper() == "Q4_K_M" else "Q4_K_M"

@@ -1,0 +1,265 @@
+"""Render the window's pages to PNG files so a person can look at them.
+
+    xvfb-run -a -s "-screen 0 1400x900x24" .venv/bin/python -m hearthside.app.gui.screenshots OUT
+
+Everything happens in a fresh data dir (a temporary one unless `--home` names one): the
+default model is installed there (or `--model FILE` is registered in place), the hardware page
+shows a sample machine with an NVIDIA GPU the CPU-only engine cannot drive (so its advice has a
+fix button), and the Local API switch is turned on for real on a free port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtWidgets import QApplication, QWidget
+
+if TYPE_CHECKING:
+    from hearthside.core.engine.service import EngineService
+    from hearthside.core.probe.profile import HardwareProfile
+
+PAGE_SIZE = (1280, 800)
+WINDOW_SIZE = (1400, 900)
+SAMPLE_QUESTION = "What is the capital of France?"
+REPLY_TIMEOUT_S = 60.0
+SWITCH_WIDTH = 1100
+START_TIMEOUT_S = 20.0
+SAMPLE_SPEC = {
+    "schema": 1,
+    "gpus": [{"model": "rtx-3090", "count": 1}],
+    "memory_gb": 64,
+    "cpu": {
+        "cores": 8,
+        "threads": 16,
+        "model": "AMD Ryzen 7 5800X 8-Core Processor",
+        "vendor": "AuthenticAMD",
+        "flags": ["avx", "avx2", "fma", "f16c", "sse4_2"],
+    },
+    "os": "linux",
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m hearthside.app.gui.screenshots")
+    parser.add_argument("outdir", type=Path, help="folder for the PNG files")
+    parser.add_argument("--home", type=Path, help="data dir to use (default: a fresh temp dir)")
+    parser.add_argument("--model", type=Path, help="a GGUF to register instead of installing")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    # Under Xvfb, xcb; where Qt's xcb plugin cannot load (missing libxcb-* libraries) the
+    # offscreen plugin renders the same widgets with the same fonts.
+    os.environ.setdefault("QT_QPA_PLATFORM", "xcb;offscreen")
+    with tempfile.TemporaryDirectory(prefix="hearthside-shots-") as scratch:
+        os.environ["HEARTHSIDE_HOME"] = str(args.home or scratch)
+        app = QApplication.instance() or QApplication([sys.argv[0]])
+        app.setApplicationName("Hearthside")
+        written = render_all(args.outdir, args.model)
+    for path in written:
+        print(path)
+    return 0
+
+
+def render_all(outdir: Path, model: Path | None) -> list[Path]:
+    from hearthside.core.engine.service import EngineService
+
+    register_model(model)
+    written = [render_hardware_page(outdir), render_models_page(outdir)]
+    with EngineService() as service:
+        written.append(render_api_switch(outdir, service))
+        written += render_main_window(outdir, service)
+    return written
+
+
+def register_model(model: Path | None) -> Path:
+    """The default model in the data dir: installed from its package, or `model` linked."""
+    from hearthside.core.models.default_model import (
+        DEFAULT_MODEL_NAME,
+        ensure_default_model,
+        licence_notice,
+    )
+    from hearthside.core.models.store import SOURCE_DEFAULT, ModelStore
+    from hearthside.core.paths import data_dir
+
+    with ModelStore(data_dir()) as store:
+        if model is None:
+            return ensure_default_model(store).path
+        resolved = model.resolve()
+        record = next((r for r in store.list() if r.path.resolve() == resolved), None)
+        if record is None:
+            record = store.add(
+                model,
+                link=True,
+                name=DEFAULT_MODEL_NAME,
+                source=SOURCE_DEFAULT,
+                licence=licence_notice(),
+            )
+        store.set_default(record.id)
+        return record.path
+
+
+def sample_profile() -> HardwareProfile:
+    """A desktop with an RTX 3090 whose engine was built for the CPU only (a missing CUDA
+    toolkit at setup): the advice then offers the rebuild."""
+    from hearthside.core.probe.profile import DiskInfo, EngineDevice, EngineInfo
+    from hearthside.core.probe.runner import with_advice
+    from hearthside.core.probe.spec import expand_spec
+
+    profile = expand_spec(SAMPLE_SPEC)
+    gpu = replace(
+        profile.gpus[0],
+        driver_version="560.35.03",
+        runtime_version="12.6",
+        vram_free_bytes=25_100_812_288,
+        pcie_generation=4,
+        pcie_width=16,
+    )
+    cpu_device = EngineDevice("CPU", profile.cpu.model or "CPU", "cpu", 64 * 1024**3)
+    engine = EngineInfo(package_version="0.3.36", backends=("CPU",), devices=(cpu_device,))
+    disk = DiskInfo(
+        path=str(Path.home() / ".local/share/Hearthside/models"),
+        mount_point="/home",
+        device="nvme0n1",
+        filesystem="ext4",
+        rotational=False,
+        total_bytes=1_000_204_886_016,
+        free_bytes=412_316_860_416,
+    )
+    memory = replace(profile.memory, available_bytes=51 * 1024**3, swap_total_bytes=8 * 1024**3)
+    return with_advice(
+        replace(
+            profile,
+            gpus=(gpu,),
+            engine=engine,
+            disks=(disk,),
+            memory=memory,
+            os_version="6.8.0-45-generic",
+            source="fixture",
+        )
+    )
+
+
+def render_hardware_page(outdir: Path) -> Path:
+    from hearthside.app.gui.hardware_page import HardwarePage
+
+    page = HardwarePage()
+    page.show_profile(sample_profile())
+    return save(page, outdir / "hardware_page.png", PAGE_SIZE)
+
+
+def render_models_page(outdir: Path) -> Path:
+    from hearthside.app.gui.models_page import ModelsPage
+
+    page = ModelsPage()
+    page.reload()
+    return save(page, outdir / "models_page.png", PAGE_SIZE)
+
+
+def render_api_switch(outdir: Path, service: EngineService) -> Path:
+    from hearthside.app.gui.api_switch import ApiSwitch
+
+    switch = ApiSwitch(service)
+    switch.port_box.setValue(free_port())
+    switch.show()
+    switch.toggle.click()
+    wait_until(lambda: switch.running or bool(switch.error_text), START_TIMEOUT_S)
+    try:
+        return save(switch, outdir / "api_switch_on.png", (SWITCH_WIDTH, 0))
+    finally:
+        switch.stop()
+
+
+def render_main_window(outdir: Path, service: EngineService) -> list[Path]:
+    """The whole window after one question, with the API on (when the window exists)."""
+    try:
+        module = importlib.import_module("hearthside.app.gui.main_window")
+        window_class = module.MainWindow
+    except (ImportError, AttributeError) as exc:
+        print(f"main window: not available in this build ({exc}); skipped", file=sys.stderr)
+        return []
+    window = window_class(service, probe_command=sample_probe_command())
+    window.resize(*WINDOW_SIZE)
+    window.show()
+    loaded: list[object] = []
+    window.bridge.load_finished.connect(loaded.append)
+    try:
+        window.start("default")
+        wait_until(lambda: bool(loaded), START_TIMEOUT_S)
+        ask_one_question(window)
+        window.api_switch.port_box.setValue(free_port())
+        window.api_switch.toggle.click()
+        wait_until(lambda: window.api_switch.running, START_TIMEOUT_S)
+        written = [save(window, outdir / "main_window.png", WINDOW_SIZE)]
+        window.show_page(module.HARDWARE_PAGE)
+        written.append(save(window, outdir / "main_window_hardware.png", WINDOW_SIZE))
+        return written
+    finally:
+        window.close()
+
+
+def ask_one_question(window: Any) -> None:
+    if window.session.send(SAMPLE_QUESTION):
+        wait_until(lambda: not window.bridge.generating, REPLY_TIMEOUT_S)
+        settle()
+
+
+def sample_probe_command() -> list[str]:
+    """A probe child that prints the sample machine, as `python -m hearthside.core.probe` would."""
+    from hearthside.core.paths import data_dir
+
+    recorded = data_dir() / "sample_profile.json"
+    recorded.write_text(sample_profile().to_json(), encoding="utf-8")
+    return [sys.executable, "-c", "import sys; print(open(sys.argv[1]).read())", str(recorded)]
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def save(widget: QWidget, path: Path, size: tuple[int, int]) -> Path:
+    width, height = size
+    widget.resize(width, height or widget.sizeHint().height())
+    widget.show()
+    settle()
+    if not widget.grab().save(str(path)):
+        raise OSError(f"could not write {path}")
+    widget.hide()
+    return path
+
+
+def settle(seconds: float = 0.3) -> None:
+    """Let layouts, style sheets and queued signals finish before grabbing."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        QApplication.processEvents()
+        time.sleep(0.01)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        QApplication.processEvents()
+        time.sleep(0.01)
+    return condition()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""`hearthside gui`, and which front end a bare `hearthside` opens.
+
+A bare `hearthside` opens the window where there is a display to put it on, and the terminal
+chat (with a one-line notice on stderr) where there is none, e.g. over SSH. PySide6 is
+imported only once the window is really wanted, so terminal commands stay quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+
+from hearthside.core.errors import HearthsideError
+from hearthside.core.settings import Settings
+
+# Platform plugins that draw on an X server or a Wayland compositor, and what tells us one
+# is there. Any other plugin the user names (offscreen, minimal, vnc, eglfs, linuxfb...)
+# needs no display server, so it is taken at its word.
+_DISPLAY_SERVER_PLUGINS = {"xcb": "DISPLAY", "wayland": "WAYLAND_DISPLAY"}
+NO_DISPLAY_NOTICE = (
+    "No display found (DISPLAY and WAYLAND_DISPLAY are not set): starting the terminal chat. "
+    "Use `hearthside gui` in a desktop session to open the window."
+)
+
+
+def _plugin_has_display(plugin: str, env: Mapping[str, str]) -> bool:
+    name = plugin.split(":", 1)[0].strip().lower()
+    family = "wayland" if name.startswith("wayland") else name
+    variable = _DISPLAY_SERVER_PLUGINS.get(family)
+    return bool(env.get(variable)) if variable else bool(name)
+
+
+def display_available(env: Mapping[str, str] | None = None, platform: str | None = None) -> bool:
+    """True when Qt can open a window here (always on macOS and Windows)."""
+    env = os.environ if env is None else env
+    platform = sys.platform if platform is None else platform
+    if not platform.startswith("linux") and "bsd" not in platform:
+        return True
+    requested = env.get("QT_QPA_PLATFORM", "").strip()
+    if requested:
+        return any(_plugin_has_display(plugin, env) for plugin in requested.split(";"))
+    return bool(env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"))
+
+
+def bare_command(env: Mapping[str, str] | None = None, platform: str | None = None) -> str:
+    """The subcommand a bare `hearthside` runs: "gui", or "chat" (with a notice)."""
+    if display_available(env, platform):
+        return "gui"
+    print(NO_DISPLAY_NOTICE, file=sys.stderr)
+    return "chat"
+
+
+def add_gui_parser(subparsers: argparse._SubParsersAction) -> None:
+    settings = Settings()
+    gui = subparsers.add_parser("gui", help="open the Hearthside window (the default command)")
+    gui.add_argument(
+        "--model", default="default", help="registered model id, a GGUF path, or 'default'"
+    )
+    gui.add_argument("--ctx", type=int, default=settings.context_size, help="context tokens")
+    gui.add_argument("--threads", type=int, default=settings.threads, help="decode threads")
+    gui.add_argument(
+        "--batch-threads", type=int, default=settings.batch_threads, help="prompt threads"
+    )
+    gui.set_defaults(handler=run_gui_command)
+
+
+def run_gui_command(args: argparse.Namespace) -> int:
+    if not display_available():
+        raise HearthsideError(
+            "There is no display to open the Hearthside window on.",
+            hint="Run it in a desktop session (or set DISPLAY), or chat in the terminal with "
+            "`hearthside chat`.",
+        )
+    from hearthside.app.gui.app import run_gui
+
+    return run_gui(args)

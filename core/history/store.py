@@ -1,0 +1,552 @@
+"""Chat history: conversations and their messages in `<data dir>/history.db`.
+
+This module owns history.db (STYLE.md practice 6): the schema version lives in
+`PRAGMA user_version` and a database newer than this code is refused; the journal is WAL with
+synchronous=FULL, so every committed write survives a crash of the app; SQLite errors caused
+by the environment (disk full, read-only, locked, corrupt) become a HistoryError with a hint,
+anything else is our bug and propagates. A damaged file is reported, never replaced.
+
+A reply is written while it streams: the window inserts the assistant message (incomplete)
+when the reply starts, rewrites its text at every flush and marks it complete at the end, so a
+`kill -9` mid-reply loses nothing that was already on screen.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from hearthside.core.engine.config import SamplingParams
+from hearthside.core.engine.engine import GenerationMetrics
+from hearthside.core.errors import HearthsideError
+from hearthside.core.paths import ensure_private_dir, make_private_file
+from hearthside.core.serialize import from_jsonable, to_jsonable
+
+SCHEMA_VERSION = 1
+DB_FILE_NAME = "history.db"
+DEFAULT_TITLE = "New chat"
+TITLE_MAX_CHARS = 48
+Role = Literal["system", "user", "assistant"]
+_ROLES = ("system", "user", "assistant")
+# The sampling settings a conversation keeps; grammar and stops belong to API requests.
+_KEPT_SAMPLING_FIELDS: tuple[str, ...] = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_tokens",
+    "seed",
+)
+
+
+class HistoryError(HearthsideError):
+    """The chat history cannot do what was asked (damaged file, disk full, unknown chat...)."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    title: str
+    created_at: str  # ISO 8601, UTC
+    updated_at: str
+    system_prompt: str
+    sampling: SamplingParams
+    model_id: str | None
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """One message. An assistant message is `complete` once its reply has ended (normally or
+    stopped); an incomplete one was cut off by a crash. `metrics` exist for finished replies."""
+
+    id: int
+    conversation_id: int
+    position: int  # 0, 1, 2 ... within its conversation
+    role: Role
+    content: str
+    created_at: str
+    complete: bool
+    metrics: GenerationMetrics | None
+
+    @property
+    def stopped(self) -> bool:
+        """The user stopped this reply before the model finished it."""
+        return self.metrics is not None and self.metrics.stop_reason == "cancelled"
+
+    @property
+    def interrupted(self) -> bool:
+        """The app ended while this reply was streaming."""
+        return not self.complete
+
+
+def title_from_message(text: str, max_chars: int = TITLE_MAX_CHARS) -> str:
+    """A conversation title from its first user message: one line, cut at a word boundary."""
+    words = " ".join(text.split())
+    if not words:
+        return DEFAULT_TITLE
+    if len(words) <= max_chars:
+        return words
+    cut = words[: max_chars - 1]
+    if " " in cut[max_chars // 2 :]:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,.;:") + "…"
+
+
+# --- SQLite ----------------------------------------------------------------------------------
+
+_CORRUPT = (
+    "Hearthside's chat history (history.db) is damaged.",
+    "Close Hearthside and move history.db (and history.db-wal, if present) out of its data "
+    "folder to keep a copy; Hearthside then starts a new, empty history. Your models are not "
+    "affected.",
+)
+_LOCKED = (
+    "Hearthside's chat history is busy in another Hearthside window.",
+    "Close the other window, or wait a moment, and try again.",
+)
+# Keyed by SQLite's primary result code; see https://www.sqlite.org/rescode.html
+_ENVIRONMENT_ERRORS: dict[int, tuple[str, str]] = {
+    sqlite3.SQLITE_FULL: (
+        "The disk holding Hearthside's data is full; the chat could not be saved.",
+        "Free some space.",
+    ),
+    sqlite3.SQLITE_READONLY: (
+        "Hearthside's chat history is read-only.",
+        "Check that you own Hearthside's data folder and can write to it.",
+    ),
+    sqlite3.SQLITE_CANTOPEN: (
+        "Hearthside could not open its chat history.",
+        "Check that Hearthside's data folder exists and that you can write to it.",
+    ),
+    sqlite3.SQLITE_IOERR: (
+        "The disk reported an error while Hearthside saved the chat history.",
+        "Check the disk, then try again.",
+    ),
+    sqlite3.SQLITE_BUSY: _LOCKED,
+    sqlite3.SQLITE_LOCKED: _LOCKED,
+    sqlite3.SQLITE_CORRUPT: _CORRUPT,
+    sqlite3.SQLITE_NOTADB: _CORRUPT,
+}
+
+
+@contextmanager
+def _classified_sqlite_errors() -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        code = getattr(exc, "sqlite_errorcode", None)
+        known = _ENVIRONMENT_ERRORS.get(code & 0xFF) if isinstance(code, int) else None
+        if known is None:
+            raise
+        message, hint = known
+        raise HistoryError(message, hint=hint) from exc
+
+
+def _create_schema_v1(conn: sqlite3.Connection) -> None:
+    # AUTOINCREMENT: an id is never reused, so an Edit link or a streaming reply that still
+    # holds the id of a deleted message can never land on a newer one.
+    conn.execute(
+        """
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            title TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '',
+            sampling TEXT NOT NULL,
+            model_id TEXT
+        )
+        """
+    )
+    conn.execute(
+        """
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+            content TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            metrics TEXT,
+            complete INTEGER NOT NULL CHECK (complete IN (0, 1)),
+            UNIQUE (conversation_id, position)
+        )
+        """
+    )
+    conn.execute("CREATE INDEX conversations_by_update ON conversations (updated_at DESC)")
+
+
+# _MIGRATIONS[n] takes a database at schema n to schema n + 1.
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _create_schema_v1}
+
+
+def _schema_version(conn: sqlite3.Connection) -> int:
+    version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise HistoryError(
+            f"The chat history was written by a newer Hearthside (schema {version}; this "
+            f"version understands up to {SCHEMA_VERSION}).",
+            hint="Update Hearthside, or move history.db out of its data folder to start afresh.",
+        )
+    return version
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """An explicit IMMEDIATE transaction (the connection runs with isolation_level=None)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:  # SQLite has already rolled back after some errors
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    if _schema_version(conn) == SCHEMA_VERSION:
+        return
+    with _transaction(conn):
+        version = _schema_version(conn)  # again, under the write lock
+        while version < SCHEMA_VERSION:
+            _MIGRATIONS[version](conn)
+            version += 1
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _require_intact(conn: sqlite3.Connection) -> None:
+    # A damaged page is otherwise found only when a query happens to read it, perhaps
+    # half-way through saving a reply; quick_check reads every page once, in milliseconds.
+    verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+    if verdict != "ok":
+        raise HistoryError(_CORRUPT[0], hint=_CORRUPT[1])
+
+
+def _casefold_contains(haystack: str | None, needle: str) -> bool:
+    return haystack is not None and needle in haystack.casefold()
+
+
+def _open_database(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
+    make_private_file(path)  # before SQLite creates it with the umask's looser mode
+    conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_s)
+    try:
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        _schema_version(conn)
+        conn.execute("PRAGMA journal_mode = WAL")
+        _require_intact(conn)
+        _migrate(conn)
+        conn.create_function("hs_contains", 2, _casefold_contains, deterministic=True)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+# --- rows ------------------------------------------------------------------------------------
+
+
+def _sampling_to_json(sampling: SamplingParams) -> str:
+    data = sampling.to_dict()
+    return json.dumps({name: data[name] for name in _KEPT_SAMPLING_FIELDS}, sort_keys=True)
+
+
+def _sampling_from_json(text: str) -> SamplingParams:
+    known = {f.name for f in fields(SamplingParams)} & set(_KEPT_SAMPLING_FIELDS)
+    data = json.loads(text)
+    return SamplingParams(**{key: value for key, value in data.items() if key in known})
+
+
+def _metrics_to_json(metrics: GenerationMetrics | None) -> str | None:
+    return None if metrics is None else json.dumps(to_jsonable(metrics), sort_keys=True)
+
+
+def _metrics_from_json(text: str | None) -> GenerationMetrics | None:
+    return None if text is None else from_jsonable(GenerationMetrics, json.loads(text))
+
+
+def _conversation_from_row(row: sqlite3.Row) -> Conversation:
+    return Conversation(
+        id=row["id"],
+        title=row["title"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        system_prompt=row["system_prompt"],
+        sampling=_sampling_from_json(row["sampling"]),
+        model_id=row["model_id"],
+    )
+
+
+def _message_from_row(row: sqlite3.Row) -> StoredMessage:
+    return StoredMessage(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        position=row["position"],
+        role=row["role"],
+        content=row["content"],
+        created_at=row["created_at"],
+        complete=bool(row["complete"]),
+        metrics=_metrics_from_json(row["metrics"]),
+    )
+
+
+def _utc_now() -> str:
+    # Microseconds keep "most recently updated first" stable within one second.
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+class ConversationStore:
+    """The chat history under one Hearthside data dir. One instance per thread."""
+
+    def __init__(self, root: Path, *, busy_timeout_s: float = 5.0) -> None:
+        self.root = ensure_private_dir(Path(root))
+        self.db_path = self.root / DB_FILE_NAME
+        with _classified_sqlite_errors():
+            self._conn = _open_database(self.db_path, busy_timeout_s)
+        self._conn.row_factory = sqlite3.Row
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ConversationStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- conversations --
+
+    def create(
+        self,
+        *,
+        title: str = DEFAULT_TITLE,
+        system_prompt: str = "",
+        sampling: SamplingParams | None = None,
+        model_id: str | None = None,
+    ) -> Conversation:
+        now = _utc_now()
+        sampling_json = _sampling_to_json(sampling or SamplingParams())
+        cursor = self._write(
+            "INSERT INTO conversations (title, created_at, updated_at, system_prompt, sampling, "
+            "model_id) VALUES (?, ?, ?, ?, ?, ?)",
+            [_clean_title(title), now, now, system_prompt, sampling_json, model_id],
+        )
+        return self.get(_inserted_id(cursor))
+
+    def get(self, conversation_id: int) -> Conversation:
+        rows = self._read("SELECT * FROM conversations WHERE id = ?", [conversation_id])
+        if not rows:
+            raise HistoryError(
+                "That chat no longer exists.", hint="It may have been deleted in another window."
+            )
+        return _conversation_from_row(rows[0])
+
+    def list(self) -> builtins.list[Conversation]:
+        """Every conversation, the most recently updated first."""
+        rows = self._read("SELECT * FROM conversations ORDER BY updated_at DESC, id DESC")
+        return [_conversation_from_row(row) for row in rows]
+
+    def search(self, text: str) -> builtins.list[Conversation]:
+        """Conversations whose title or any message contains `text` (case-insensitive)."""
+        needle = text.strip().casefold()
+        if not needle:
+            return self.list()
+        rows = self._read(
+            "SELECT * FROM conversations AS c WHERE hs_contains(c.title, :needle) OR EXISTS ("
+            "  SELECT 1 FROM messages AS m"
+            "  WHERE m.conversation_id = c.id AND hs_contains(m.content, :needle)"
+            ") ORDER BY updated_at DESC, id DESC",
+            {"needle": needle},
+        )
+        return [_conversation_from_row(row) for row in rows]
+
+    def rename(self, conversation_id: int, title: str) -> Conversation:
+        self._update_conversation(conversation_id, "title = ?", [_clean_title(title)])
+        return self.get(conversation_id)
+
+    def update_settings(
+        self, conversation_id: int, *, system_prompt: str, sampling: SamplingParams
+    ) -> Conversation:
+        self._update_conversation(
+            conversation_id,
+            "system_prompt = ?, sampling = ?",
+            [system_prompt, _sampling_to_json(sampling)],
+        )
+        return self.get(conversation_id)
+
+    def set_model(self, conversation_id: int, model_id: str | None) -> Conversation:
+        self._update_conversation(conversation_id, "model_id = ?", [model_id])
+        return self.get(conversation_id)
+
+    def delete(self, conversation_id: int) -> None:
+        self._write("DELETE FROM conversations WHERE id = ?", [conversation_id])
+
+    # -- messages --
+
+    def messages(self, conversation_id: int) -> builtins.list[StoredMessage]:
+        rows = self._read(
+            "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position", [conversation_id]
+        )
+        return [_message_from_row(row) for row in rows]
+
+    def message(self, message_id: int) -> StoredMessage:
+        rows = self._read("SELECT * FROM messages WHERE id = ?", [message_id])
+        if not rows:
+            raise HistoryError("That message no longer exists.")
+        return _message_from_row(rows[0])
+
+    def add_message(
+        self,
+        conversation_id: int,
+        role: Role,
+        content: str,
+        *,
+        complete: bool = True,
+        metrics: GenerationMetrics | None = None,
+    ) -> StoredMessage:
+        """Append a message. The first user message of an untitled chat names the chat."""
+        if role not in _ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        with _classified_sqlite_errors(), _transaction(self._conn):
+            conversation = self.get(conversation_id)
+            position = self._next_position(conversation_id)
+            cursor = self._conn.execute(
+                "INSERT INTO messages (conversation_id, position, role, content, created_at, "
+                "metrics, complete) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [conversation_id, position, role, content, _utc_now(),
+                 _metrics_to_json(metrics), int(complete)],
+            )  # fmt: skip
+            title = conversation.title
+            if (
+                role == "user"
+                and title == DEFAULT_TITLE
+                and not self._has_user_message_before(conversation_id, position)
+            ):
+                title = title_from_message(content)
+            self._conn.execute(
+                "UPDATE conversations SET updated_at = ?, title = ? WHERE id = ?",
+                [_utc_now(), title, conversation_id],
+            )
+        return self.message(_inserted_id(cursor))
+
+    def update_message(
+        self,
+        message_id: int,
+        content: str,
+        *,
+        complete: bool = False,
+        metrics: GenerationMetrics | None = None,
+    ) -> None:
+        """Rewrite a message's text: at every flush of a streaming reply, and at its end."""
+        self._write(
+            "UPDATE messages SET content = ?, complete = ?, metrics = ? WHERE id = ?",
+            [content, int(complete), _metrics_to_json(metrics), message_id],
+        )
+
+    def finish_message(self, message_id: int, content: str, metrics: GenerationMetrics) -> None:
+        """The reply has ended (the model stopped, or the user did): its final text."""
+        with _classified_sqlite_errors(), _transaction(self._conn):
+            self.update_message(message_id, content, complete=True, metrics=metrics)
+            self._conn.execute(
+                "UPDATE conversations SET updated_at = ? WHERE id = "
+                "(SELECT conversation_id FROM messages WHERE id = ?)",
+                [_utc_now(), message_id],
+            )
+
+    def edit_message(self, message_id: int, content: str) -> builtins.list[StoredMessage]:
+        """Change a message and forget everything after it (edit-and-resend); the remaining
+        messages are returned."""
+        message = self.message(message_id)
+        with _classified_sqlite_errors(), _transaction(self._conn):
+            self._conn.execute(
+                "UPDATE messages SET content = ?, complete = 1 WHERE id = ?", [content, message_id]
+            )
+            self._delete_after(message.conversation_id, message.position)
+        return self.messages(message.conversation_id)
+
+    def delete_message(self, message_id: int) -> None:
+        self._write("DELETE FROM messages WHERE id = ?", [message_id])
+
+    def truncate_after(self, conversation_id: int, position: int) -> None:
+        """Forget the messages after `position` (-1 forgets them all)."""
+        with _classified_sqlite_errors(), _transaction(self._conn):
+            self._delete_after(conversation_id, position)
+
+    # -- internals --
+
+    def pragma(self, name: str) -> Any:
+        """One PRAGMA's value, for diagnostics and tests (`journal_mode`, `synchronous`)."""
+        if not name.isidentifier():
+            raise ValueError(f"not a pragma name: {name!r}")
+        return self._conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+    def _next_position(self, conversation_id: int) -> int:
+        row = self._conn.execute(
+            "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id = ?",
+            [conversation_id],
+        ).fetchone()
+        return int(row[0])
+
+    def _has_user_message_before(self, conversation_id: int, position: int) -> bool:
+        row = self._conn.execute(
+            "SELECT 1 FROM messages WHERE conversation_id = ? AND role = 'user' AND position < ?",
+            [conversation_id, position],
+        ).fetchone()
+        return row is not None
+
+    def _delete_after(self, conversation_id: int, position: int) -> None:
+        self._conn.execute(
+            "DELETE FROM messages WHERE conversation_id = ? AND position > ?",
+            [conversation_id, position],
+        )
+        self._conn.execute(
+            "UPDATE conversations SET updated_at = ? WHERE id = ?", [_utc_now(), conversation_id]
+        )
+
+    def _update_conversation(
+        self, conversation_id: int, assignments: str, params: builtins.list[Any]
+    ) -> None:
+        self.get(conversation_id)  # a clear error for a chat deleted meanwhile
+        self._write(
+            f"UPDATE conversations SET {assignments}, updated_at = ? WHERE id = ?",
+            [*params, _utc_now(), conversation_id],
+        )
+
+    def _read(self, sql: str, params: Any = ()) -> builtins.list[sqlite3.Row]:
+        with _classified_sqlite_errors():
+            return self._conn.execute(sql, params).fetchall()
+
+    def _write(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        with _classified_sqlite_errors():
+            return self._conn.execute(sql, params)
+
+
+def _clean_title(title: str) -> str:
+    cleaned = " ".join(title.split())
+    return cleaned[:200] if cleaned else DEFAULT_TITLE
+
+
+def _inserted_id(cursor: sqlite3.Cursor) -> int:
+    if cursor.lastrowid is None:
+        raise HistoryError("The chat history did not save the new entry.")
+    return cursor.lastrowid

@@ -1,0 +1,43 @@
+"""The screenshot script end to end (offscreen): every page renders to a PNG."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtGui import QImage
+
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
+
+RUN_TIMEOUT_S = 240
+EXPECTED = {
+    "hardware_page.png": (1280, 800),
+    "models_page.png": (1280, 800),
+    "main_window.png": (1400, 900),
+    "main_window_hardware.png": (1400, 900),
+}
+
+
+def test_the_script_renders_every_page(tmp_path: Path, default_model_file: Path) -> None:
+    outdir = tmp_path / "shots"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    command = [sys.executable, "-m", "hearthside.app.gui.screenshots", str(outdir)]
+    completed = subprocess.run(
+        [*command, "--model", str(default_model_file), "--home", str(tmp_path / "home")],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    for name, (width, height) in EXPECTED.items():
+        image = QImage(str(outdir / name))
+        assert (image.width(), image.height()) == (width, height), name
+    switch = QImage(str(outdir / "api_switch_on.png"))
+    assert switch.width() == 1100 and 20 < switch.height() < 80
+    listed = completed.stdout.split()
+    assert sorted(Path(p).name for p in listed) == sorted([*EXPECTED, "api_switch_on.png"])
