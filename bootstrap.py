@@ -196,6 +196,8 @@ def run_tests(args: list[str]) -> int:
                 "hearthside.autotune",
                 "-p",
                 "hearthside.app",
+                "-p",
+                "hearthside.kernels",
             ],
             mypy_env,
         ),

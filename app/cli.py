@@ -1,4 +1,4 @@
-"""The `hearthside` command: chat, models, bench. With no subcommand it opens the chat."""
+"""The `hearthside` command: gui, chat, models, bench... With no subcommand it opens the window."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from hearthside.app.calibrate_cli import add_calibrate_parser
 from hearthside.app.engine_cli import add_engine_parser
+from hearthside.app.gui_cli import add_gui_parser, bare_command
 from hearthside.app.models_cli import add_models_parser
 from hearthside.app.plan_cli import add_plan_parser
 from hearthside.app.probe_cli import add_probe_parser
@@ -54,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(subparsers)
     add_wisdom_parser(subparsers)
     add_tune_parser(subparsers)
+    add_calibrate_parser(subparsers)
+    add_gui_parser(subparsers)
     return parser
 
 
@@ -154,8 +158,11 @@ def _print_bench_table(report: BenchReport) -> None:
 
 
 def _with_default_command(argv: list[str]) -> list[str]:
-    """`hearthside` alone, or with only chat options (`hearthside --stats`), means chat."""
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+    """`hearthside` alone opens the window (the terminal chat where there is no display);
+    with only chat options (`hearthside --stats`) it means chat."""
+    if not argv:
+        return [bare_command()]
+    if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         return ["chat", *argv]
     return argv
 

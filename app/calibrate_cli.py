@@ -1,0 +1,161 @@
+"""`hearthside calibrate [--json] [--quick] [--budget-s N] [--model M]`: measure what this
+machine really delivers (memory bandwidth, matmul, host↔GPU transfers, disk, the engine),
+store it, and show it beside the spec-sheet values with any anomalies."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+
+from hearthside.app.progress import ProgressLine
+from hearthside.core.errors import HearthsideError
+from hearthside.core.models.store import DEFAULT_REF, ModelStore, resolve_model_path
+from hearthside.core.paths import data_dir
+from hearthside.kernels.anomalies import spec_value
+from hearthside.kernels.calibrate import DEFAULT_BUDGET_S, QUICK_BUDGET_S, run_calibration
+from hearthside.kernels.measurement import Measurement
+from hearthside.kernels.results import CalibrationReport, save_calibration
+
+MIB = 1024 * 1024
+MIN_BUDGET_S = 1.0
+
+
+def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
+    calibrate = subparsers.add_parser(
+        "calibrate", help="measure memory, matmul, disk and engine speed on this machine"
+    )
+    calibrate.add_argument("--json", action="store_true", help="print only the report as JSON")
+    calibrate.add_argument(
+        "--quick", action="store_true", help=f"a shorter run (about {QUICK_BUDGET_S:g} s)"
+    )
+    calibrate.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        metavar="N",
+        help=f"time limit in seconds (default {DEFAULT_BUDGET_S:g}, {QUICK_BUDGET_S:g} with "
+        "--quick)",
+    )
+    calibrate.add_argument(
+        "--model",
+        default=DEFAULT_REF,
+        help="model for the engine micro-run: an id, a GGUF path, or 'default'",
+    )
+    calibrate.set_defaults(handler=_run_calibrate)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    if args.budget_s is not None and args.budget_s <= 0:
+        raise HearthsideError(
+            "The time budget must be more than 0 seconds.", hint="Pass e.g. --budget-s 30."
+        )
+    model_path = _model_path(args.model)
+    with ProgressLine("Calibrating") as line:
+        report = run_calibration(
+            quick=args.quick,
+            budget_s=_budget_left_s(args.budget_s, args.quick),
+            model_path=model_path,
+            progress=lambda name, fraction: line.show(f"{fraction:4.0%} {name}"),
+        )
+    path = save_calibration(report)
+    if args.json:
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        print(describe(report))
+    print(f"Saved to {path}", file=sys.stderr)
+    return 0
+
+
+def _budget_left_s(budget_s: float | None, quick: bool) -> float:
+    """The budget covers the whole command, so what starting Python and finding the model
+    took is already spent (a second or two)."""
+    total_s = budget_s if budget_s is not None else QUICK_BUDGET_S if quick else DEFAULT_BUDGET_S
+    spent_s = max(0.0, time.time() - psutil.Process().create_time())
+    return max(MIN_BUDGET_S, total_s - spent_s)
+
+
+def _model_path(ref: str) -> Path | None:
+    """None for "default": the calibration then uses the store's default model if there is
+    one, and reports the engine run as not measured otherwise (it installs nothing)."""
+    if ref == DEFAULT_REF:
+        return None
+    with ModelStore(data_dir()) as store:
+        return resolve_model_path(store, ref)
+
+
+def describe(report: CalibrationReport) -> str:
+    """The report as a table a person reads at a glance."""
+    machine = report.machine
+    rows: list[tuple[str, ...]] = [("kind", "device", "params", "value", "spread", "spec")]
+    rows += [_row(m, machine) for m in report.measurements if m.ok]
+    lines = [f"Calibrated in {report.duration_s:.1f} s ({report.created_at})", ""]
+    lines += _table(rows)
+    missing = _not_measured(report.measurements)
+    if missing:
+        lines += ["", "Not measured:"] + [f"  {line}" for line in missing]
+    if report.anomalies:
+        lines += ["", "Anomalies:"] + [f"  - {flag}" for flag in report.anomalies]
+    return "\n".join(lines)
+
+
+def _row(m: Measurement, machine: dict[str, object]) -> tuple[str, ...]:
+    spec = spec_value(m, machine)
+    return (
+        m.kind,
+        m.device,
+        describe_params(m),
+        f"{m.value:,.1f} {m.unit}",
+        f"{m.spread:.0%}",
+        f"{spec:,.1f} {m.unit}" if spec else "",
+    )
+
+
+def describe_params(m: Measurement) -> str:
+    """The parameters that tell two measurements of one kind apart, in a few words."""
+    p = m.params
+    if m.kind.startswith("memory_") and "threads" in p:
+        return f"{p['threads']} thread{'s' if p['threads'] != 1 else ''}"
+    if m.kind == "matmul":
+        text = f"{p.get('library', '')} {p.get('dtype', '')} {p.get('m')}x{p.get('n')}x{p.get('k')}"
+        if "weights_gb_s" in p:
+            text += f", weights {p['weights_gb_s']:.1f} GB/s"
+        return text.strip()
+    if m.kind in ("h2d", "d2h"):
+        return "pinned" if p.get("pinned") else "pageable"
+    if m.kind == "disk_read":
+        return f"{p.get('file_bytes', 0) // MIB} MiB file, cache dropped"
+    if m.kind == "engine_prefill":
+        return f"{p.get('model', '')} pp{p.get('n_prompt', '')}"
+    if m.kind == "engine_decode":
+        return f"{p.get('model', '')} tg{p.get('n_gen', '')}"
+    return ", ".join(f"{name}={value}" for name, value in p.items())
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    right_aligned = {3, 4, 5}
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(width) if column in right_aligned else cell.ljust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _not_measured(measurements: tuple[Measurement, ...]) -> list[str]:
+    """One line per reason: "gpu: memory_read, matmul, h2d — no GPU"."""
+    by_reason: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for m in measurements:
+        if not m.ok:
+            by_reason[(m.device, m.note)].append(m.kind)
+    return [
+        f"{device}: {', '.join(dict.fromkeys(kinds))} — {note}"
+        for (device, note), kinds in by_reason.items()
+    ]

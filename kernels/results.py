@@ -1,0 +1,120 @@
+"""`CalibrationReport`: every measurement of one calibration run, and where it is kept.
+
+The report is frozen data with a JSON round-trip (`schema` versioned, like the hardware
+profile). Until the autotune database takes them over, reports live in one file in the data
+dir, `calibration.json` (mode 0600, replaced atomically); `save_calibration` and
+`load_calibration` are the only code that knows that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from hearthside.core.errors import HearthsideError
+from hearthside.core.paths import data_dir, make_private_file
+from hearthside.core.serialize import from_jsonable, to_jsonable
+from hearthside.kernels.measurement import Measurement
+
+SCHEMA_VERSION = 1
+CALIBRATION_FILE_NAME = "calibration.json"
+_RECALIBRATE_HINT = "Run `hearthside calibrate` to measure this machine again."
+
+
+class CalibrationError(HearthsideError):
+    """A stored calibration cannot be read."""
+
+
+def hearthside_version() -> str:
+    try:
+        return version("hearthside")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    schema: int
+    created_at: str  # ISO 8601, UTC
+    hearthside_version: str
+    machine: dict[str, Any]  # a short hardware summary (see calibrate.summarize_machine)
+    measurements: tuple[Measurement, ...]
+    anomalies: tuple[str, ...]  # plain-language flags, one sentence each
+    duration_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(to_jsonable(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CalibrationReport:
+        if data.get("schema", SCHEMA_VERSION) > SCHEMA_VERSION:
+            raise CalibrationError(
+                "This calibration comes from a newer Hearthside.", hint=_RECALIBRATE_HINT
+            )
+        return from_jsonable(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> CalibrationReport:
+        return cls.from_dict(json.loads(text))
+
+    def measured(self, kind: str, device: str | None = None) -> list[Measurement]:
+        """The successful measurements of `kind` (on `device`, when given)."""
+        return [
+            m
+            for m in self.measurements
+            if m.ok and m.kind == kind and (device is None or m.device == device)
+        ]
+
+    def best(self, kind: str, device: str = "cpu", **params: Any) -> Measurement | None:
+        """The highest successful figure of `kind` on `device` whose params include `params`:
+        `best("memory_read")` is the CPU's read bandwidth at its best thread count,
+        `best("matmul", dtype="bf16", m=512)` the CPU's best bf16 GEMM."""
+        matches = [
+            m
+            for m in self.measured(kind, device)
+            if all(m.params.get(name) == value for name, value in params.items())
+        ]
+        return max(matches, key=lambda m: m.value, default=None)
+
+
+def calibration_path(home: str | os.PathLike[str] | None = None) -> Path:
+    return data_dir(home) / CALIBRATION_FILE_NAME
+
+
+def save_calibration(report: CalibrationReport, home: str | os.PathLike[str] | None = None) -> Path:
+    """Store `report` as the machine's calibration, replacing the previous one."""
+    path = calibration_path(home)
+    partial = path.with_name(path.name + ".part")
+    make_private_file(partial)
+    with partial.open("w", encoding="utf-8") as stream:
+        stream.write(report.to_json() + "\n")
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(partial, path)
+    return path
+
+
+def load_calibration(home: str | os.PathLike[str] | None = None) -> CalibrationReport | None:
+    """The stored calibration, or None when this machine was never calibrated."""
+    path = calibration_path(home)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise CalibrationError(
+            f"The stored calibration cannot be read ({error.strerror}).", hint=_RECALIBRATE_HINT
+        ) from error
+    try:
+        return CalibrationReport.from_json(text)
+    except (ValueError, KeyError, TypeError) as error:
+        raise CalibrationError(
+            "The stored calibration is damaged.", hint=_RECALIBRATE_HINT
+        ) from error

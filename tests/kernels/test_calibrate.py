@@ -1,0 +1,63 @@
+"""run_calibration: the machine summary, the default model, and a whole run on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hearthside.core.models.store import ModelStore
+from hearthside.core.paths import data_dir
+from hearthside.core.probe.spec import expand_spec
+from hearthside.kernels.calibrate import (
+    DEFAULT_BUDGET_S,
+    default_model_path,
+    gpu_label,
+    run_calibration,
+    summarize_machine,
+)
+from hearthside.kernels.measurement import NO_GPU_NOTE
+
+
+def test_profiled_gpus_get_the_device_names_torch_uses() -> None:
+    profile = expand_spec({"gpus": [{"model": "rtx-3090", "count": 2}], "memory_gb": 64})
+    machine = summarize_machine(profile, torch_version=None)
+    assert [gpu["device"] for gpu in machine["gpus"]] == ["cuda:0", "cuda:1"]
+    assert machine["gpus"][0]["memory_bandwidth_gb_s"] == pytest.approx(936.0)
+    assert machine["gpus"][0]["fp16_tflops"] == pytest.approx(71.0)
+    apple = expand_spec({"gpus": [{"model": "apple-m3-ultra"}], "memory_gb": 256})
+    assert gpu_label(apple.gpus[0], 0) == "mps"
+
+
+def test_the_default_model_is_found_but_never_installed(default_model_file: Path) -> None:
+    assert default_model_path() is None
+    assert not (data_dir() / "models.db").exists()  # looking did not create a registry
+    with ModelStore(data_dir()) as store:
+        record = store.add(default_model_file, link=True, check_native=False)
+        store.set_default(record.id)
+    assert default_model_path() == default_model_file
+
+
+@pytest.mark.slow
+def test_a_whole_calibration_fits_its_budget_with_every_figure(default_model_file: Path) -> None:
+    progress: list[tuple[str, float]] = []
+    report = run_calibration(
+        model_path=default_model_file, progress=lambda name, done: progress.append((name, done))
+    )
+    # A kernel still running at the deadline finishes its minimum repetitions (and llama_decode
+    # cannot be interrupted): some slack for a shared, busy machine.
+    assert report.duration_s <= DEFAULT_BUDGET_S * 1.2
+    cores = report.machine["logical_cores"]
+    for params in ({"threads": 1}, {"threads": cores}):
+        assert report.best("memory_read", **params) is not None, params
+    assert report.best("memory_copy") is not None and report.best("memory_triad") is not None
+    assert report.best("matmul", library="numpy", dtype="fp32", m=1) is not None
+    assert report.best("matmul", library="numpy", dtype="fp32", m=512) is not None
+    assert report.best("engine_prefill") is not None and report.best("engine_decode") is not None
+    disk = [m for m in report.measurements if m.kind == "disk_read"]
+    assert len(disk) == 1 and disk[0].ok and disk[0].device.startswith("disk")
+    gpu_notes = {m.note for m in report.measurements if m.device == "gpu"}
+    assert gpu_notes == {NO_GPU_NOTE}
+    fractions = [done for _name, done in progress]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert {"memory read, 1 thread(s)", "engine on cpu", "disk read"} <= {n for n, _ in progress}
