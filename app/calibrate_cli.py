@@ -13,9 +13,13 @@ from pathlib import Path
 import psutil
 
 from hearthside.app.progress import ProgressLine
+from hearthside.autotune.calibration import store_calibration
+from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.store import DEFAULT_REF, ModelStore, resolve_model_path
-from hearthside.core.paths import data_dir
+from hearthside.core.paths import data_dir, models_dir
+from hearthside.core.probe.base import ProbeContext
+from hearthside.core.probe.runner import probe_hardware
 from hearthside.kernels.anomalies import spec_value
 from hearthside.kernels.calibrate import DEFAULT_BUDGET_S, QUICK_BUDGET_S, run_calibration
 from hearthside.kernels.measurement import Measurement
@@ -55,14 +59,18 @@ def _run_calibrate(args: argparse.Namespace) -> int:
             "The time budget must be more than 0 seconds.", hint="Pass e.g. --budget-s 30."
         )
     model_path = _model_path(args.model)
+    profile = probe_hardware(ProbeContext(models_dir=models_dir(data_dir())))
     with ProgressLine("Calibrating") as line:
         report = run_calibration(
             quick=args.quick,
             budget_s=_budget_left_s(args.budget_s, args.quick),
             model_path=model_path,
+            profile=profile,
             progress=lambda name, fraction: line.show(f"{fraction:4.0%} {name}"),
         )
     path = save_calibration(report)
+    with WisdomDB() as wisdom:  # where the planner looks, under this machine's fingerprint
+        store_calibration(report, profile, wisdom)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import get_args
 
 from hearthside.app.probe_cli import _load as load_profile
+from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.planner import Goal, Plan, cpu_expert_layers, plan
+from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.probe.profile import HardwareProfile
@@ -55,18 +57,26 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    profile = _profile(args)
     result = plan(
         resolve_spec(args.model),
-        _profile(args),
+        profile,
         goal=args.goal,
         n_ctx=args.ctx,
         free_margin_bytes=int(args.keep_free_gb * GIB),
+        calibration=_calibration(profile),
     )
     if args.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
     else:
         print(describe_plan(result))
     return 0 if result.fits or result.streams_from_disk else NOTHING_FITS
+
+
+def _calibration(profile: HardwareProfile) -> dict[str, float]:
+    """This machine's calibration; a what-if profile finds none (its fingerprint differs)."""
+    with WisdomDB() as wisdom:
+        return calibration_for(profile, wisdom)
 
 
 def _profile(args: argparse.Namespace) -> HardwareProfile:

@@ -62,6 +62,7 @@ class DeviceMemory:
     output_bytes: int = 0
     expert_bytes: int = 0  # the routed experts among the weights (a token reads a few)
     lookup_bytes: int = 0  # input embeddings: a token reads one row of them, not all
+    unread_bytes: int = 0  # mapped but never read (the file's copy of repacked weights)
     layers: list[int] = field(default_factory=list)
 
     @property
@@ -213,6 +214,7 @@ def _place_weights(
     tied_embeddings: bool,
 ) -> None:
     mapped: list[WeightPiece] = []
+    used_from_map = 0
     for piece in pieces:
         device = _device_of_piece(piece, placement, config)
         if "_exps" in piece.name:
@@ -226,7 +228,11 @@ def _place_weights(
                 mapped.append(piece)  # a spec's group sits inside the mapped range
             continue
         mapped.append(piece)
-    estimate.device(CPU).weights_bytes += _mapped_bytes(mapped, config.use_mmap)
+        used_from_map += piece.bytes
+    mapped_bytes = _mapped_bytes(mapped, config.use_mmap)
+    estimate.device(CPU).weights_bytes += mapped_bytes
+    # what the mapping spans but no kernel reads: the originals of repacked weights, gaps
+    estimate.device(CPU).unread_bytes += max(0, mapped_bytes - used_from_map)
     output_device = placement.device_of(placement.n_layers)
     embeddings = next((p for p in pieces if p.name.startswith("token_embd")), None)
     if embeddings is None:

@@ -143,6 +143,8 @@ class Machine:
     unified: bool
     repacked: frozenset[str] = field(default_factory=frozenset)
     calibrated: bool = False
+    decode_efficiency: float = DECODE_EFFICIENCY
+    prefill_efficiency: float = PREFILL_EFFICIENCY
 
 
 def plan(
@@ -156,7 +158,8 @@ def plan(
     expert_placement: bool = True,
 ) -> Plan:
     """The settings for `spec` on `profile`. `calibration` may give measured
-    "cpu_read_bytes_per_s", "cpu_flops" and "disk_read_bytes_per_s"; `expert_placement=False`
+    "cpu_read_bytes_per_s", "cpu_flops", "disk_read_bytes_per_s", and the share of them the
+    engine reaches ("decode_efficiency", "prefill_efficiency"); `expert_placement=False`
     limits a MoE to whole-layer offload (what tools without `-ot` can do)."""
     machine = describe_machine(profile, calibration or {})
     contexts = _contexts(spec, goal, n_ctx)
@@ -207,6 +210,8 @@ def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) ->
         unified=any(gpu.unified_memory for gpu in gpu_infos),
         repacked=repacked_types(cpu.flags, cpu.arch),
         calibrated=bool(calibration),
+        decode_efficiency=calibration.get("decode_efficiency", DECODE_EFFICIENCY),
+        prefill_efficiency=calibration.get("prefill_efficiency", PREFILL_EFFICIENCY),
     )
 
 
@@ -334,7 +339,10 @@ def _speed(
     seconds_by_tier: dict[str, float] = {}
     for name, memory in estimate.devices.items():
         weights_read = (
-            memory.weights_bytes - memory.lookup_bytes - memory.expert_bytes * unused_experts
+            memory.weights_bytes
+            - memory.lookup_bytes
+            - memory.unread_bytes
+            - memory.expert_bytes * unused_experts
         )
         seconds_by_tier[name] = (weights_read + memory.kv_bytes / 2) / _bandwidth(machine, name)
     if streams_from_disk:
@@ -342,7 +350,7 @@ def _speed(
         missing_share = max(0, cpu.total_bytes - ram) / max(cpu.weights_bytes, 1)
         cpu_read = cpu.weights_bytes - cpu.expert_bytes * unused_experts
         seconds_by_tier["disk"] = cpu_read * min(1.0, missing_share) / machine.disk_bandwidth
-    per_token = sum(seconds_by_tier.values()) / DECODE_EFFICIENCY
+    per_token = sum(seconds_by_tier.values()) / machine.decode_efficiency
     decode = 1.0 / per_token if per_token else 0.0
     prefill = _prefill_tps(spec, machine, estimate)
     return SpeedEstimate(
@@ -372,7 +380,7 @@ def _prefill_tps(spec: ModelSpec, machine: Machine, estimate: MemoryEstimate) ->
 
 def _flops(machine: Machine, device: str) -> float:
     if device == CPU:
-        return machine.cpu_flops * PREFILL_EFFICIENCY
+        return machine.cpu_flops * machine.prefill_efficiency
     gpu = machine.gpu_infos[machine.gpus.index(device)]
     from hearthside.core.probe.spec import load_catalog
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.fingerprint import TuningKey, machine_identity, tuning_key
 from hearthside.autotune.planner import Goal, Plan, plan
 from hearthside.autotune.wisdom import Rigor, RunRecord, WisdomDB, config_key
@@ -136,7 +137,8 @@ def tune(
         key = tuning_key(profile, model_path)
         db.note_machine(key.machine, machine_identity(profile))
         spec = spec_from_gguf(model_path)
-        planned = plan(spec, profile, goal=goal, n_ctx=TUNING_CONTEXT)
+        calibration = calibration_for(profile, db)
+        planned = plan(spec, profile, goal=goal, n_ctx=TUNING_CONTEXT, calibration=calibration)
         base = replace(planned.config, model_path=str(model_path))
         baseline_config = llama_cpp_python_defaults(str(model_path))
         queue = [baseline_config, *candidates(base, profile)]

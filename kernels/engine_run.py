@@ -223,6 +223,7 @@ def _affordable_count(
 def _params(engine: Engine, backend: EngineBackend) -> dict[str, Any]:
     return {
         "model": engine.model_path.stem,
+        "model_path": str(engine.model_path),
         "model_bytes": engine.model_path.stat().st_size,
         "n_gpu_layers": backend.n_gpu_layers,
     }

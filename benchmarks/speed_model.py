@@ -1,0 +1,130 @@
+"""Predicted against measured speed, after calibrating this machine.
+
+1. Calibrate (the kernels, including the engine micro-run on the shipped model).
+2. For the shipped model's variants (Q4_K_M as shipped; Q8_0, Q4_0, Q2_K made locally) and
+   synthetic dense models of ~0.5B and ~1.5B parameters, ask the planner (calibrated) for its
+   decode and prefill prediction, then measure the same settings llama-bench style.
+
+    .venv/bin/python benchmarks/speed_model.py [--json]
+
+Target: every prediction within ±20% of the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fixtures
+
+import llama_cpp
+
+from hearthside.autotune.calibration import planner_figures
+from hearthside.autotune.planner import plan
+from hearthside.core.engine.bench import run_bench
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.engine import Engine
+from hearthside.core.models.spec import spec_from_gguf
+from hearthside.core.probe.runner import probe_hardware
+from hearthside.kernels.calibrate import run_calibration
+from tests.fixtures.synthetic_gguf import write_synthetic_gguf
+
+VARIANTS = {"Q8_0": 7, "Q4_0": 2, "Q2_K": 10}  # llama_ftype values
+CONTEXT = 2048
+TOLERANCE = 0.20
+
+
+def quantized(source: Path, folder: Path, name: str, ftype: int) -> Path:
+    target = folder / f"{source.stem}-{name}.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params)
+    return target
+
+
+def models(shipped: Path, folder: Path) -> dict[str, Path]:
+    found = {"gemma-270m Q4_K_M": shipped}
+    for name, ftype in VARIANTS.items():
+        found[f"gemma-270m {name}"] = quantized(shipped, folder, name, ftype)
+    for shape in ("dense-0.5b", "dense-1.5b"):
+        found[f"synthetic {shape} Q4_0"] = write_synthetic_gguf(
+            folder / f"{shape}.gguf", shape, "Q4_0"
+        )
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="the shipped model's GGUF")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    shipped = args.model or _default_model()
+    folder = Path(tempfile.mkdtemp(prefix="hearthside-speed-"))
+    profile = probe_hardware()
+    report = run_calibration(model_path=shipped, profile=profile)
+    figures = planner_figures(report, profile)
+    _say(f"calibration: {figures}")
+    rows = []
+    for name, path in models(shipped, folder).items():
+        predicted = plan(spec_from_gguf(path), profile, n_ctx=CONTEXT, calibration=figures)
+        config = EngineConfig(
+            str(path), n_ctx=CONTEXT, n_threads=predicted.config.n_threads, flash_attn=True
+        )
+        engine = Engine(config)
+        try:
+            bench = run_bench(engine, n_prompt=128, n_gen=64, repetitions=3, warmup_s=0.5)
+        finally:
+            engine.close()
+        decode, prefill = bench.stat("tg64").median_tok_s, bench.stat("pp128").median_tok_s
+        rows.append(
+            {
+                "model": name,
+                "decode_predicted": round(predicted.speed.decode_tps, 1),
+                "decode_measured": round(decode, 1),
+                "decode_ratio": round(predicted.speed.decode_tps / decode, 3),
+                "prefill_predicted": round(predicted.speed.prefill_tps, 1),
+                "prefill_measured": round(prefill, 1),
+                "prefill_ratio": round(predicted.speed.prefill_tps / prefill, 3),
+            }
+        )
+        _say(str(rows[-1]))
+    within = all(
+        abs(row[key] - 1) <= TOLERANCE for row in rows for key in ("decode_ratio", "prefill_ratio")
+    )
+    if args.json:
+        print(json.dumps({"calibration": figures, "rows": rows, "within_20_percent": within}))
+    else:
+        print(
+            f"{'model':28} {'decode pred/meas':>22} {'ratio':>6} {'prefill pred/meas':>22} "
+            f"{'ratio':>6}"
+        )
+        for row in rows:
+            print(
+                f"{row['model']:28} {row['decode_predicted']:>10}/{row['decode_measured']:<10} "
+                f"{row['decode_ratio']:>6} {row['prefill_predicted']:>10}/"
+                f"{row['prefill_measured']:<10} {row['prefill_ratio']:>6}"
+            )
+        print(f"all within ±20%: {'yes' if within else 'NO'}")
+    return 0 if within else 1
+
+
+def _default_model() -> Path:
+    from hearthside.core.models.default_model import ensure_default_model
+    from hearthside.core.models.store import ModelStore, resolve_model_path
+    from hearthside.core.paths import data_dir
+
+    with ModelStore(data_dir()) as store:
+        ensure_default_model(store)
+        return resolve_model_path(store, "default")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
