@@ -25,6 +25,8 @@ from hearthside.autotune.memory import (
     estimate_memory,
     repacked_types,
 )
+from hearthside.autotune.recipes import matching
+from hearthside.autotune.wisdom import Recipe
 from hearthside.core.engine.config import EngineConfig, TensorOverride
 from hearthside.core.models.spec import ModelSpec
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
@@ -163,10 +165,19 @@ def plan(
     limits a MoE to whole-layer offload (what tools without `-ot` can do)."""
     machine = describe_machine(profile, calibration or {})
     contexts = _contexts(spec, goal, n_ctx)
+    recipes = matching(spec, profile)
+    preferred_kv = _recipe_setting(recipes, "kv_types", KV_CHOICES)
+    numa = _recipe_setting(recipes, "numa", "off")
     candidates = [
         _evaluate(spec, machine, config, free_margin_bytes)
-        for config in _configs(spec, machine, contexts, profile, expert_placement)
+        for config in _configs(spec, machine, contexts, profile, expert_placement, preferred_kv)
     ]
+    if not any(c.fits for c in candidates) and tuple(preferred_kv) != KV_CHOICES:
+        candidates = [  # a recipe's preference yields when nothing else fits
+            _evaluate(spec, machine, config, free_margin_bytes)
+            for config in _configs(spec, machine, contexts, profile, expert_placement, KV_CHOICES)
+        ]
+    candidates = [replace(c, config=c.config.with_changes(numa=numa)) for c in candidates]
     fitting = [candidate for candidate in candidates if candidate.fits]
     pool = fitting or [c for c in candidates if c.streams_from_disk]
     if not pool:
@@ -182,7 +193,7 @@ def plan(
         fits=best.fits,
         streams_from_disk=best.streams_from_disk,
         confidence="calibrated" if machine.calibrated else "estimated",
-        reasons=tuple(_reasons(spec, machine, best, candidates, goal)),
+        reasons=tuple(_reasons(spec, machine, best, candidates, goal) + _recipe_reasons(recipes)),
         alternatives=tuple(candidate.summary() for candidate in ranked[1:4]),
         advice=tuple(_advice(spec, best)),
     )
@@ -234,6 +245,7 @@ def _configs(
     contexts: Sequence[int],
     profile: HardwareProfile,
     expert_placement: bool,
+    kv_types: Sequence[str],
 ) -> list[EngineConfig]:
     n_layers = spec.n_layers or len(spec.layers)
     placements: list[tuple[int, tuple[TensorOverride, ...]]] = [
@@ -245,7 +257,7 @@ def _configs(
         placements += [(-1, experts_on_cpu(n)) for n in _layer_counts(n_layers)[1:-1]]
     configs = []
     for n_ctx in contexts:
-        for kv in KV_CHOICES:
+        for kv in kv_types:
             for layers, overrides in placements:
                 configs.append(
                     EngineConfig(
@@ -263,6 +275,18 @@ def _configs(
 
 
 _EXPERT_LAYERS = re.compile(r"blk\\\.\(([0-9|]+)\)\\\.ffn_")
+
+
+def _recipe_setting(recipes: Sequence[Recipe], name: str, default: Any) -> Any:
+    for recipe in recipes:
+        if name in recipe.settings:
+            value = recipe.settings[name]
+            return tuple(value) if isinstance(value, list) else value
+    return default
+
+
+def _recipe_reasons(recipes: Sequence[Recipe]) -> list[Reason]:
+    return [Reason("recipe", recipe.id, recipe.rationale) for recipe in recipes]
 
 
 def experts_on_cpu(n_layers: int) -> tuple[TensorOverride, ...]:
