@@ -23,6 +23,7 @@ from typing import Any, Literal
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.fingerprint import TuningKey, machine_identity, tuning_key
 from hearthside.autotune.planner import Goal, Plan, plan
+from hearthside.autotune.recipes import sync_recipes
 from hearthside.autotune.wisdom import Rigor, RunRecord, WisdomDB, config_key
 from hearthside.core.engine.bench import run_bench
 from hearthside.core.engine.config import EngineConfig
@@ -136,6 +137,7 @@ def tune(
     try:
         key = tuning_key(profile, model_path)
         db.note_machine(key.machine, machine_identity(profile))
+        sync_recipes(db)
         spec = spec_from_gguf(model_path)
         calibration = calibration_for(profile, db)
         planned = plan(spec, profile, goal=goal, n_ctx=TUNING_CONTEXT, calibration=calibration)
