@@ -81,6 +81,7 @@ def result_as_dict(result: TuneResult) -> dict[str, object]:
         "best": _run_dict(result.best),
         "baseline": _run_dict(result.baseline),
         "speedup_over_defaults": result.speedup,
+        "capacity_audit": result.audit.to_dict() if result.audit else None,
         "runs": [_run_dict(run) for run in result.runs],
     }
 
@@ -97,6 +98,8 @@ def describe_result(result: TuneResult) -> str:
     lines = [f"Measured {len(result.runs)} settings (goal {result.goal})."]
     for run in sorted(result.runs, key=lambda r: r.decode_tps or 0, reverse=True):
         lines.append(f"  {_settings_text(run.config)}  {_outcome_text(run)}{_mark(run, result)}")
+    if result.audit is not None:
+        lines.append(f"Context check: {result.audit.message}")
     if result.speedup is not None:
         lines.append(
             f"Chosen settings decode {result.speedup:.2f}x llama-cpp-python's defaults; "

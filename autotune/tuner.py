@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hearthside.autotune.calibration import calibration_for
+from hearthside.autotune.capacity import CapacityAudit, audit_context
 from hearthside.autotune.fingerprint import TuningKey, machine_identity, tuning_key
 from hearthside.autotune.planner import Goal, Plan, plan
 from hearthside.autotune.recipes import sync_recipes
@@ -72,6 +73,7 @@ class TuneResult:
     baseline: RunRecord | None  # llama-cpp-python's defaults, measured the same way
     runs: tuple[RunRecord, ...]
     plan: Plan
+    audit: CapacityAudit | None = None  # of the winner's context
 
     @property
     def speedup(self) -> float | None:
@@ -155,13 +157,28 @@ def tune(
         baseline = next((r for r in runs if _same(r.config, baseline_config)), None)
         tuned = [r for r in runs if r is not baseline and r.outcome == "ok"]
         best = max(tuned, key=lambda run: _goal_score(run, goal), default=None)
+        audit = None
         if best is not None:
             db.set_default(key, best.config, goal, run_id=best.id)
+            if not stop.is_set():
+                audit = _audit(db, key, model_path, best)
         notify(TuneEvent("done", len(queue), len(queue), best.config if best else {}))
-        return TuneResult(key, goal, best, baseline, tuple(runs), planned)
+        return TuneResult(key, goal, best, baseline, tuple(runs), planned, audit)
     finally:
         if owned:
             db.close()
+
+
+def _audit(db: WisdomDB, key: TuningKey, model_path: Path, best: RunRecord) -> CapacityAudit:
+    """Check the winner's context really holds what it promises, and record it."""
+    config = EngineConfig.from_dict({**best.config, "model_path": str(model_path)})
+    engine = Engine(config)
+    try:
+        audit = audit_context(engine)
+    finally:
+        engine.close()
+    db.record_audit(key, best.config, audit.to_dict())
+    return audit
 
 
 def _try(

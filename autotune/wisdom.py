@@ -183,11 +183,28 @@ _SCHEMA_V1 = """
 """
 
 
+def _add_capacity_audits(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE capacity_audits (
+            id INTEGER PRIMARY KEY,
+            machine TEXT NOT NULL,
+            engine TEXT NOT NULL,
+            model TEXT NOT NULL,
+            config_key TEXT NOT NULL,
+            holds INTEGER NOT NULL CHECK (holds IN (0, 1)),
+            audit TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        )
+        """
+    )
+
+
 WISDOM = DatabaseKind(
     label="the autotune database (wisdom.db)",
     file_name="wisdom.db",
-    schema_version=1,
-    migrations={0: _create_schema_v1},
+    schema_version=2,
+    migrations={0: _create_schema_v1, 1: _add_capacity_audits},
     error=WisdomError,
 )
 
@@ -283,6 +300,34 @@ class WisdomDB:
             (key.machine, key.engine, key.model, config_key(config)),
         )
         return [_run_from_row(row) for row in rows]
+
+    # ---- context-capacity audits ---------------------------------------------------------
+
+    def record_audit(
+        self, key: TuningKey, config: Mapping[str, Any], audit: Mapping[str, Any]
+    ) -> None:
+        with self._writing():
+            self._conn.execute(
+                "INSERT INTO capacity_audits (machine, engine, model, config_key, holds, audit, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    key.machine,
+                    key.engine,
+                    key.model,
+                    config_key(config),
+                    int(bool(audit.get("holds"))),
+                    _json(audit),
+                    _now(),
+                ),
+            )
+
+    def latest_audit(self, key: TuningKey, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        row = self._one(
+            "SELECT audit FROM capacity_audits WHERE machine = ? AND engine = ? AND model = ? "
+            "AND config_key = ? ORDER BY id DESC",
+            (key.machine, key.engine, key.model, config_key(config)),
+        )
+        return json.loads(row["audit"]) if row else None
 
     # ---- a model's default settings on this machine --------------------------------------
 

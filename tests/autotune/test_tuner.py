@@ -49,6 +49,8 @@ def test_a_tuning_run_is_stored_and_answers_the_next_one(
         assert len(measured) >= 2 and events[-1].kind == "done"
         default = wisdom.default_for(first.key)
         assert default is not None and default.run_id == first.best.id
+        assert first.audit is not None and first.audit.holds, first.audit
+        assert wisdom.latest_audit(first.key, first.best.config) == first.audit.to_dict()
         assert wisdom.efficiency(first.key.machine, first.key.engine, "CPU", "decode").samples
 
         events.clear()

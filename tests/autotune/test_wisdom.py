@@ -10,6 +10,7 @@ import pytest
 
 from hearthside.autotune.fingerprint import TuningKey
 from hearthside.autotune.wisdom import (
+    WISDOM,
     Recipe,
     RunRecord,
     WisdomDB,
@@ -50,7 +51,7 @@ def run(
 def test_the_database_is_durable_and_versioned(wisdom: WisdomDB) -> None:
     conn = sqlite3.connect(wisdom.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == WISDOM.schema_version
     assert oct(wisdom.path.stat().st_mode & 0o777) == "0o600"
 
 
@@ -209,3 +210,26 @@ def test_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:
     with pytest.raises(WisdomError, match="newer Hearthside"):
         WisdomDB(path)
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 7
+
+
+def test_capacity_audits_are_kept_per_configuration(wisdom: WisdomDB) -> None:
+    assert wisdom.latest_audit(KEY, FAST) is None
+    wisdom.record_audit(KEY, FAST, {"holds": False, "message": "first"})
+    wisdom.record_audit(KEY, FAST, {"holds": True, "message": "second"})
+    assert wisdom.latest_audit(KEY, FAST) == {"holds": True, "message": "second"}
+    assert wisdom.latest_audit(KEY, SLOW) is None
+
+
+def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with WisdomDB(path) as db:
+        db.record_run(run(FAST))
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE capacity_audits")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with WisdomDB(path) as db:
+        assert len(db.runs(KEY)) == 1
+        db.record_audit(KEY, FAST, {"holds": True})
+        assert db.latest_audit(KEY, FAST) == {"holds": True}
