@@ -28,13 +28,18 @@ class DatabaseKind:
     schema_version: int
     migrations: Mapping[int, Migration]  # migrations[n] takes schema n to n + 1
     error: type[HearthsideError]
+    damaged_hint: str = ""  # what to do with a damaged file, when more can be said
+
+    def damaged(self) -> tuple[str, str]:
+        return (
+            f"{_capitalised(self.label)} is damaged.",
+            self.damaged_hint
+            or f"Move {self.file_name} out of Hearthside's data folder and run again: a new, "
+            "empty one will be made.",
+        )
 
     def environment_errors(self) -> dict[int, tuple[str, str]]:
-        corrupt = (
-            f"{_capitalised(self.label)} is damaged.",
-            f"Move {self.file_name} out of Hearthside's data folder and run again: a new, empty "
-            "one will be made.",
-        )
+        corrupt = self.damaged()
         locked = (
             f"{_capitalised(self.label)} is busy in another Hearthside window or command.",
             "Close the other one, or wait a moment, and try again.",

@@ -16,18 +16,17 @@ from __future__ import annotations
 import builtins
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from hearthside.core.database import DatabaseKind, classified_errors, open_database, transaction
 from hearthside.core.engine.config import SamplingParams
 from hearthside.core.engine.engine import GenerationMetrics
 from hearthside.core.errors import HearthsideError
-from hearthside.core.paths import ensure_private_dir, make_private_file
+from hearthside.core.paths import ensure_private_dir
 from hearthside.core.serialize import from_jsonable, to_jsonable
 
 SCHEMA_VERSION = 1
@@ -105,53 +104,6 @@ def title_from_message(text: str, max_chars: int = TITLE_MAX_CHARS) -> str:
 
 # --- SQLite ----------------------------------------------------------------------------------
 
-_CORRUPT = (
-    "Hearthside's chat history (history.db) is damaged.",
-    "Close Hearthside and move history.db (and history.db-wal, if present) out of its data "
-    "folder to keep a copy; Hearthside then starts a new, empty history. Your models are not "
-    "affected.",
-)
-_LOCKED = (
-    "Hearthside's chat history is busy in another Hearthside window.",
-    "Close the other window, or wait a moment, and try again.",
-)
-# Keyed by SQLite's primary result code; see https://www.sqlite.org/rescode.html
-_ENVIRONMENT_ERRORS: dict[int, tuple[str, str]] = {
-    sqlite3.SQLITE_FULL: (
-        "The disk holding Hearthside's data is full; the chat could not be saved.",
-        "Free some space.",
-    ),
-    sqlite3.SQLITE_READONLY: (
-        "Hearthside's chat history is read-only.",
-        "Check that you own Hearthside's data folder and can write to it.",
-    ),
-    sqlite3.SQLITE_CANTOPEN: (
-        "Hearthside could not open its chat history.",
-        "Check that Hearthside's data folder exists and that you can write to it.",
-    ),
-    sqlite3.SQLITE_IOERR: (
-        "The disk reported an error while Hearthside saved the chat history.",
-        "Check the disk, then try again.",
-    ),
-    sqlite3.SQLITE_BUSY: _LOCKED,
-    sqlite3.SQLITE_LOCKED: _LOCKED,
-    sqlite3.SQLITE_CORRUPT: _CORRUPT,
-    sqlite3.SQLITE_NOTADB: _CORRUPT,
-}
-
-
-@contextmanager
-def _classified_sqlite_errors() -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.DatabaseError as exc:
-        code = getattr(exc, "sqlite_errorcode", None)
-        known = _ENVIRONMENT_ERRORS.get(code & 0xFF) if isinstance(code, int) else None
-        if known is None:
-            raise
-        message, hint = known
-        raise HistoryError(message, hint=hint) from exc
-
 
 def _create_schema_v1(conn: sqlite3.Connection) -> None:
     # AUTOINCREMENT: an id is never reused, so an Edit link or a streaming reply that still
@@ -187,43 +139,16 @@ def _create_schema_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX conversations_by_update ON conversations (updated_at DESC)")
 
 
-# _MIGRATIONS[n] takes a database at schema n to schema n + 1.
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _create_schema_v1}
-
-
-def _schema_version(conn: sqlite3.Connection) -> int:
-    version: int = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise HistoryError(
-            f"The chat history was written by a newer Hearthside (schema {version}; this "
-            f"version understands up to {SCHEMA_VERSION}).",
-            hint="Update Hearthside, or move history.db out of its data folder to start afresh.",
-        )
-    return version
-
-
-@contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """An explicit IMMEDIATE transaction (the connection runs with isolation_level=None)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        if conn.in_transaction:  # SQLite has already rolled back after some errors
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    if _schema_version(conn) == SCHEMA_VERSION:
-        return
-    with _transaction(conn):
-        version = _schema_version(conn)  # again, under the write lock
-        while version < SCHEMA_VERSION:
-            _MIGRATIONS[version](conn)
-            version += 1
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+HISTORY = DatabaseKind(
+    label="Hearthside's chat history (history.db)",
+    file_name=DB_FILE_NAME,
+    schema_version=SCHEMA_VERSION,
+    migrations={0: _create_schema_v1},
+    error=HistoryError,
+    damaged_hint="Close Hearthside and move history.db (and history.db-wal, if present) out "
+    "of its data folder to keep a copy; Hearthside then starts a new, empty history. Your "
+    "models are not affected.",
+)
 
 
 def _require_intact(conn: sqlite3.Connection) -> None:
@@ -231,7 +156,8 @@ def _require_intact(conn: sqlite3.Connection) -> None:
     # half-way through saving a reply; quick_check reads every page once, in milliseconds.
     verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
     if verdict != "ok":
-        raise HistoryError(_CORRUPT[0], hint=_CORRUPT[1])
+        message, hint = HISTORY.damaged()
+        raise HistoryError(message, hint=hint)
 
 
 def _casefold_contains(haystack: str | None, needle: str) -> bool:
@@ -239,15 +165,9 @@ def _casefold_contains(haystack: str | None, needle: str) -> bool:
 
 
 def _open_database(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
-    make_private_file(path)  # before SQLite creates it with the umask's looser mode
-    conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_s)
+    conn = open_database(HISTORY, path, busy_timeout_s)
     try:
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        _schema_version(conn)
-        conn.execute("PRAGMA journal_mode = WAL")
         _require_intact(conn)
-        _migrate(conn)
         conn.create_function("hs_contains", 2, _casefold_contains, deterministic=True)
     except BaseException:
         conn.close()
@@ -316,7 +236,7 @@ class ConversationStore:
     def __init__(self, root: Path, *, busy_timeout_s: float = 5.0) -> None:
         self.root = ensure_private_dir(Path(root))
         self.db_path = self.root / DB_FILE_NAME
-        with _classified_sqlite_errors():
+        with classified_errors(HISTORY):
             self._conn = _open_database(self.db_path, busy_timeout_s)
         self._conn.row_factory = sqlite3.Row
 
@@ -427,7 +347,7 @@ class ConversationStore:
         """Append a message. The first user message of an untitled chat names the chat."""
         if role not in _ROLES:
             raise ValueError(f"unknown role {role!r}")
-        with _classified_sqlite_errors(), _transaction(self._conn):
+        with classified_errors(HISTORY), transaction(self._conn):
             conversation = self.get(conversation_id)
             position = self._next_position(conversation_id)
             cursor = self._conn.execute(
@@ -465,7 +385,7 @@ class ConversationStore:
 
     def finish_message(self, message_id: int, content: str, metrics: GenerationMetrics) -> None:
         """The reply has ended (the model stopped, or the user did): its final text."""
-        with _classified_sqlite_errors(), _transaction(self._conn):
+        with classified_errors(HISTORY), transaction(self._conn):
             self.update_message(message_id, content, complete=True, metrics=metrics)
             self._conn.execute(
                 "UPDATE conversations SET updated_at = ? WHERE id = "
@@ -477,7 +397,7 @@ class ConversationStore:
         """Change a message and forget everything after it (edit-and-resend); the remaining
         messages are returned."""
         message = self.message(message_id)
-        with _classified_sqlite_errors(), _transaction(self._conn):
+        with classified_errors(HISTORY), transaction(self._conn):
             self._conn.execute(
                 "UPDATE messages SET content = ?, complete = 1 WHERE id = ?", [content, message_id]
             )
@@ -489,7 +409,7 @@ class ConversationStore:
 
     def truncate_after(self, conversation_id: int, position: int) -> None:
         """Forget the messages after `position` (-1 forgets them all)."""
-        with _classified_sqlite_errors(), _transaction(self._conn):
+        with classified_errors(HISTORY), transaction(self._conn):
             self._delete_after(conversation_id, position)
 
     # -- internals --
@@ -533,11 +453,11 @@ class ConversationStore:
         )
 
     def _read(self, sql: str, params: Any = ()) -> builtins.list[sqlite3.Row]:
-        with _classified_sqlite_errors():
+        with classified_errors(HISTORY):
             return self._conn.execute(sql, params).fetchall()
 
     def _write(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
-        with _classified_sqlite_errors():
+        with classified_errors(HISTORY):
             return self._conn.execute(sql, params)
 
 

@@ -39,10 +39,11 @@ from typing import Any
 
 import sqlite_utils
 
+from hearthside.core.database import DatabaseKind, classified_errors, open_database, transaction
 from hearthside.core.errors import ModelFileError, ModelStoreError
 from hearthside.core.models.child_check import check_loads_in_child
 from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
-from hearthside.core.paths import ensure_private_dir, is_within, make_private_file, models_dir
+from hearthside.core.paths import ensure_private_dir, is_within, models_dir
 
 SCHEMA_VERSION = 2
 DB_FILE_NAME = "models.db"
@@ -270,49 +271,6 @@ def _copy_failure(exc: OSError) -> ModelStoreError:
 
 # --- SQLite ----------------------------------------------------------------------------------
 
-_CORRUPT = (
-    "Hearthside's model registry (models.db) is damaged.",
-    "Move models.db out of Hearthside's data folder and run again: a new, empty registry will be "
-    "made, and the model files themselves are untouched.",
-)
-_LOCKED = (
-    "Hearthside's model registry is busy in another Hearthside window or command.",
-    "Close the other one, or wait a moment, and try again.",
-)
-# Keyed by SQLite's primary result code; see https://www.sqlite.org/rescode.html
-_ENVIRONMENT_ERRORS: dict[int, tuple[str, str]] = {
-    sqlite3.SQLITE_FULL: ("The disk holding Hearthside's data is full.", "Free some space."),
-    sqlite3.SQLITE_READONLY: (
-        "Hearthside's model registry is read-only.",
-        "Check that you own Hearthside's data folder and can write to it.",
-    ),
-    sqlite3.SQLITE_CANTOPEN: (
-        "Hearthside could not open its model registry.",
-        "Check that Hearthside's data folder exists and that you can write to it.",
-    ),
-    sqlite3.SQLITE_IOERR: (
-        "The disk reported an error while Hearthside used its model registry.",
-        "Check the disk, then try again.",
-    ),
-    sqlite3.SQLITE_BUSY: _LOCKED,
-    sqlite3.SQLITE_LOCKED: _LOCKED,
-    sqlite3.SQLITE_CORRUPT: _CORRUPT,
-    sqlite3.SQLITE_NOTADB: _CORRUPT,
-}
-
-
-@contextmanager
-def _classified_sqlite_errors() -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.DatabaseError as exc:
-        code = getattr(exc, "sqlite_errorcode", None)
-        known = _ENVIRONMENT_ERRORS.get(code & 0xFF) if isinstance(code, int) else None
-        if known is None:
-            raise
-        message, hint = known
-        raise ModelStoreError(message, hint=hint) from exc
-
 
 def _create_schema_v1(db: sqlite_utils.Database) -> None:
     # `file` is the name inside the models dir for managed models (so a moved data dir keeps
@@ -345,65 +303,31 @@ def _add_variants_and_parts_v2(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE models ADD COLUMN part_count INTEGER NOT NULL DEFAULT 1")
 
 
-# MIGRATIONS[n] takes a database at schema n to schema n + 1.
-_MIGRATIONS: dict[int, Callable[[sqlite_utils.Database], None]] = {
-    0: _create_schema_v1,
-    1: _add_variants_and_parts_v2,
-}
+def _on_database(
+    migration: Callable[[sqlite_utils.Database], None],
+) -> Callable[[sqlite3.Connection], None]:
+    return lambda conn: migration(sqlite_utils.Database(conn))
 
 
-def _schema_version(db: sqlite_utils.Database) -> int:
-    version: int = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise ModelStoreError(
-            f"The model registry was written by a newer Hearthside (schema {version}; this "
-            f"version understands up to {SCHEMA_VERSION}).",
-            hint="Update Hearthside, or move models.db out of its data folder to start afresh.",
-        )
-    return version
+REGISTRY = DatabaseKind(
+    label="Hearthside's model registry (models.db)",
+    file_name="models.db",
+    schema_version=SCHEMA_VERSION,
+    migrations={0: _on_database(_create_schema_v1), 1: _on_database(_add_variants_and_parts_v2)},
+    error=ModelStoreError,
+    damaged_hint="Move models.db out of Hearthside's data folder and run again: a new, empty "
+    "registry will be made, and the model files themselves are untouched.",
+)
+
+
+def _open_database(path: Path, busy_timeout_s: float) -> sqlite_utils.Database:
+    return sqlite_utils.Database(open_database(REGISTRY, path, busy_timeout_s))
 
 
 @contextmanager
 def _transaction(db: sqlite_utils.Database) -> Iterator[None]:
-    """One explicit transaction that takes the write lock up front (IMMEDIATE), so a
-    read-then-write inside it cannot fail half-way on another writer. The connection runs with
-    isolation_level=None: nothing begins or commits behind our back."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with transaction(db.conn):
         yield
-    except BaseException:
-        # SQLite has already rolled back after some errors (a full disk, say).
-        if db.conn.in_transaction:
-            db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
-
-
-def _migrate(db: sqlite_utils.Database) -> None:
-    if _schema_version(db) == SCHEMA_VERSION:
-        return
-    with _transaction(db):
-        # Read again under the write lock: another process may have migrated meanwhile.
-        version = _schema_version(db)
-        while version < SCHEMA_VERSION:
-            _MIGRATIONS[version](db)
-            version += 1
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-
-def _open_database(path: Path, busy_timeout_s: float) -> sqlite_utils.Database:
-    make_private_file(path)  # before SQLite creates it with the umask's looser mode
-    conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_s)
-    try:
-        db = sqlite_utils.Database(conn)
-        db.execute("PRAGMA synchronous = FULL")
-        _schema_version(db)
-        db.execute("PRAGMA journal_mode = WAL")
-        _migrate(db)
-    except BaseException:
-        conn.close()
-        raise
-    return db
 
 
 # --- the store -------------------------------------------------------------------------------
@@ -419,7 +343,7 @@ class ModelStore:
         self.root = ensure_private_dir(Path(root))
         self.models_dir = models_dir(self.root)
         self.db_path = self.root / DB_FILE_NAME
-        with _classified_sqlite_errors():
+        with classified_errors(REGISTRY):
             self._db = _open_database(self.db_path, busy_timeout_s)
         _remove_stale_parts(self.models_dir, time.time())
 
@@ -501,7 +425,7 @@ class ModelStore:
     def remove(self, model_id: str, *, delete_file: bool = True) -> ModelRecord:
         """Unregister a model; delete its file only when Hearthside made or owns it."""
         record = self.get(model_id)
-        with _classified_sqlite_errors():
+        with classified_errors(REGISTRY):
             self._db.execute("DELETE FROM models WHERE id = ?", [record.id])
         if delete_file and self.owns_file(record):
             try:
@@ -516,7 +440,7 @@ class ModelStore:
 
     def set_default(self, model_id: str) -> ModelRecord:
         record = self.get(model_id)
-        with _classified_sqlite_errors(), _transaction(self._db):
+        with classified_errors(REGISTRY), _transaction(self._db):
             self._db.execute("UPDATE models SET is_default = 0 WHERE is_default = 1")
             self._db.execute("UPDATE models SET is_default = 1 WHERE id = ?", [record.id])
         return replace(record, is_default=True)
@@ -611,14 +535,14 @@ class ModelStore:
             )
 
     def default_model_installed_before(self) -> bool:
-        with _classified_sqlite_errors():
+        with classified_errors(REGISTRY):
             row = self._db.execute(
                 "SELECT value FROM settings WHERE key = ?", [_DEFAULT_INSTALLED_KEY]
             ).fetchone()
         return row is not None
 
     def remember_default_model_installed(self) -> None:
-        with _classified_sqlite_errors():
+        with classified_errors(REGISTRY):
             self._db.execute(
                 "INSERT OR IGNORE INTO settings (key, value) VALUES (?, ?)",
                 [_DEFAULT_INSTALLED_KEY, _utc_now()],
@@ -636,7 +560,7 @@ class ModelStore:
     def _select(
         self, where: str | None, params: builtins.list[Any] | None = None
     ) -> builtins.list[ModelRecord]:
-        with _classified_sqlite_errors():
+        with classified_errors(REGISTRY):
             rows = list(
                 self._db.table("models").rows_where(where, params or [], order_by="added_at, id")
             )
@@ -669,7 +593,7 @@ class ModelStore:
             # Only a hand-edited registry gets here; never follow it out of the models dir.
             raise ModelStoreError(
                 f"The registry entry for '{model_id}' points outside Hearthside's models folder.",
-                hint=_CORRUPT[1],
+                hint=REGISTRY.damaged()[1],
             )
         return path
 
@@ -777,7 +701,7 @@ class ModelStore:
             "part_count": details.part_count,
         }
         try:
-            with _classified_sqlite_errors():
+            with classified_errors(REGISTRY):
                 self._db.table("models").insert(row)
         except sqlite3.IntegrityError as exc:
             # Another process registered the same id or file between our checks and now.

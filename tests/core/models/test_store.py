@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import sqlite_utils
 
+from hearthside.core.database import classified_errors
 from hearthside.core.errors import EngineError, ModelFileError, ModelStoreError
 from hearthside.core.models import store as store_module
 from hearthside.core.models.child_check import (
@@ -357,10 +358,10 @@ def test_read_only_is_classified_and_our_own_bugs_are_not(tmp_path: Path) -> Non
     conn.execute("PRAGMA query_only = ON")
     with (
         pytest.raises(ModelStoreError, match="read-only"),
-        store_module._classified_sqlite_errors(),
+        classified_errors(store_module.REGISTRY),
     ):
         conn.execute("INSERT INTO t VALUES (1)")
-    with pytest.raises(sqlite3.OperationalError), store_module._classified_sqlite_errors():
+    with pytest.raises(sqlite3.OperationalError), classified_errors(store_module.REGISTRY):
         conn.execute("SELEKT nonsense")
     conn.close()
 
