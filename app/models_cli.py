@@ -8,12 +8,12 @@ the main CLI calls `args.handler(args)`. Errors a user can act on are printed as
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from hearthside.app.cli_support import reports_errors, text_table
 from hearthside.app.models_hub_cli import add_hub_commands
 from hearthside.app.progress import ProgressLine
 from hearthside.core.errors import HearthsideError
@@ -26,9 +26,6 @@ from hearthside.core.paths import data_dir
 LIST_JSON_SCHEMA = 1
 EXIT_OK = 0
 EXIT_NO_DEFAULT = 1
-EXIT_ERROR = 2
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 def add_models_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,18 +77,6 @@ def add_models_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 # --- plumbing --------------------------------------------------------------------------------
 
 
-def _reports_errors(handler: Handler) -> Handler:
-    @functools.wraps(handler)
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return handler(args)
-        except HearthsideError as exc:
-            print(f"error: {exc.user_text()}", file=sys.stderr)
-            return EXIT_ERROR
-
-    return run
-
-
 def _open_store() -> ModelStore:
     return ModelStore(data_dir())
 
@@ -102,12 +87,6 @@ def _install_default_on_first_use(store: ModelStore) -> None:
 
 
 # --- formatting ------------------------------------------------------------------------------
-
-
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def format_models(records: Sequence[ModelRecord]) -> str:
@@ -130,7 +109,7 @@ def format_models(records: Sequence[ModelRecord]) -> str:
         )
         for record in records
     ]
-    text = _table([header, *rows])
+    text = text_table([header, *rows])
     notices = [f"  {record.id}: {record.licence}" for record in records if record.licence]
     if notices:
         text += "\n\nLicences:\n" + "\n".join(notices)
@@ -148,7 +127,7 @@ def _describe(record: ModelRecord) -> str:
 # --- handlers --------------------------------------------------------------------------------
 
 
-@_reports_errors
+@reports_errors
 def _list_models(args: argparse.Namespace) -> int:
     with _open_store() as store:
         _install_default_on_first_use(store)
@@ -161,7 +140,7 @@ def _list_models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_reports_errors
+@reports_errors
 def _add_model(args: argparse.Namespace) -> int:
     label = "Hashing" if args.link else "Copying"
     with _open_store() as store, ProgressLine(label) as line:
@@ -175,7 +154,7 @@ def _add_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_reports_errors
+@reports_errors
 def _remove_model(args: argparse.Namespace) -> int:
     with _open_store() as store:
         will_delete = not args.keep_file and store.owns_file(store.get(args.model_id))
@@ -188,7 +167,7 @@ def _remove_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_reports_errors
+@reports_errors
 def _default_model(args: argparse.Namespace) -> int:
     with _open_store() as store:
         if args.model_id is not None:
@@ -208,7 +187,7 @@ def _default_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_reports_errors
+@reports_errors
 def _install_default(args: argparse.Namespace) -> int:
     with _open_store() as store, ProgressLine("Installing the default model") as line:
         record = ensure_default_model(store, progress=line.callback)
@@ -219,7 +198,7 @@ def _install_default(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_reports_errors
+@reports_errors
 def _show_model(args: argparse.Namespace) -> int:
     with _open_store() as store:
         if args.ref == DEFAULT_REF:
@@ -239,7 +218,7 @@ def format_spec(spec: ModelSpec) -> str:
     """The readable summary of a model spec: the numbers, then bytes per tensor group."""
     lines = [f"{spec.name}  ({spec.architecture}, from {_spec_origin(spec)})", ""]
     lines += [f"  {label:<13}{value}" for label, value in _spec_facts(spec)]
-    lines += ["", *("  " + row for row in _table(_group_rows(spec)).splitlines())]
+    lines += ["", *("  " + row for row in text_table(_group_rows(spec)).splitlines())]
     if spec.unknown:
         lines += ["", "Could not be determined: " + ", ".join(spec.unknown) + "."]
     return "\n".join(lines)

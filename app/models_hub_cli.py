@@ -10,13 +10,12 @@ or a quantization (nothing is kept) with exit code 130.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from hearthside.app.cli_support import reports_errors, text_table
 from hearthside.app.progress import ProgressLine
-from hearthside.core.errors import HearthsideError
 from hearthside.core.models.download import download_model
 from hearthside.core.models.hub import (
     HubFile,
@@ -34,10 +33,7 @@ from hearthside.core.serialize import to_jsonable
 
 JSON_SCHEMA = 1
 EXIT_OK = 0
-EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 def add_hub_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,26 +67,8 @@ def add_hub_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
 # --- plumbing --------------------------------------------------------------------------------
 
 
-def _reports_errors(handler: Handler) -> Handler:
-    @functools.wraps(handler)
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return handler(args)
-        except HearthsideError as exc:
-            print(f"error: {exc.user_text()}", file=sys.stderr)
-            return EXIT_ERROR
-
-    return run
-
-
 def _is_interactive() -> bool:
     return sys.stdin.isatty()
-
-
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def _print_json(kind: str, payload: object) -> None:
@@ -121,10 +99,10 @@ def format_search_results(results: Sequence[HubRepoSummary]) -> str:
         )
         for result in results
     ]
-    return _table([header, *rows])
+    return text_table([header, *rows])
 
 
-@_reports_errors
+@reports_errors
 def _search(args: argparse.Namespace) -> int:
     results = search_models(args.query, limit=args.limit, endpoint=HubEndpoint.from_settings())
     if args.json:
@@ -145,10 +123,10 @@ def format_hub_files(files: Sequence[HubFile]) -> str:
         (str(number), hub_file.display_name, _size(hub_file.size_bytes), hub_file.quant or "?")
         for number, hub_file in enumerate(files, start=1)
     ]
-    return _table([header, *rows])
+    return text_table([header, *rows])
 
 
-@_reports_errors
+@reports_errors
 def _pull(args: argparse.Namespace) -> int:
     endpoint = HubEndpoint.from_settings()
     repo, filename = parse_pull_ref(args.ref)
@@ -239,7 +217,7 @@ def _print_warning(text: str) -> None:
     print(f"warning: {text}", file=sys.stderr)
 
 
-@_reports_errors
+@reports_errors
 def _quantize(args: argparse.Namespace) -> int:
     label = f"Quantizing {args.model_id} to {args.type.upper()}"
     with ModelStore(data_dir()) as store:
