@@ -16,6 +16,7 @@ from hearthside.app.models_cli import add_models_parser
 from hearthside.app.plan_cli import add_plan_parser
 from hearthside.app.probe_cli import add_probe_parser
 from hearthside.app.progress import ProgressLine
+from hearthside.app.recipe_cli import add_recipe_parser
 from hearthside.app.serve_cli import add_serve_parser
 from hearthside.app.terminal_chat import (
     ChatOptions,
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_parser(subparsers)
     add_serve_parser(subparsers)
     add_plan_parser(subparsers)
+    add_recipe_parser(subparsers)
     add_wisdom_parser(subparsers)
     add_tune_parser(subparsers)
     add_calibrate_parser(subparsers)

@@ -4,6 +4,11 @@
      "cpu": {"cores": 6, "threads": 12, "flags": ["avx2", "fma", "f16c"]},
      "os": "linux", "disk": {"read_gb_s": 3.5}}
 
+A spec may describe a cluster of identical nodes for serving recipes: `"nodes": 2` (default 1)
+and `"interconnect": {"gpu_link": "nvlink" | "pcie" | "unified", "network": "200GbE RoCE",
+"network_gb_s": 25}` (the GPUs' link inside a node, and the network between nodes). `expand_spec`
+still returns one node's profile; `expand_cluster_spec` adds the node count and the links.
+
 Units: `memory_gb` and `vram_gb` are GiB (memory is sold in binary units); `read_gb_s` is
 decimal GB/s like disk datasheets. GPU models are slugs of assets/gpu_catalog.json. The
 expanded profile has `source="spec"` and an engine that assumes the right backend is built.
@@ -38,7 +43,9 @@ from hearthside.core.probe.profile import (
 SPEC_SCHEMA = 1
 CATALOG_SCHEMA = 1
 GIB = 2**30
-SPEC_KEYS = {"schema", "gpus", "memory_gb", "cpu", "os", "disk"}
+SPEC_KEYS = {"schema", "name", "gpus", "memory_gb", "cpu", "os", "disk", "nodes", "interconnect"}
+INTERCONNECT_KEYS = {"gpu_link", "network", "network_gb_s"}
+GPU_LINKS = ("nvlink", "pcie", "unified")
 GPU_KEYS = {"model", "count", "vram_gb"}
 CPU_KEYS = {"cores", "threads", "flags", "arch", "model", "vendor", "numa_nodes"}
 OSES = ("linux", "darwin", "windows")
@@ -119,6 +126,27 @@ def validate_spec(spec: Any, catalog: Mapping[str, CatalogGpu]) -> list[str]:
     disk = spec.get("disk", {})
     if not isinstance(disk, dict) or not _positive_number(disk.get("read_gb_s", 1)):
         problems.append("'disk' must look like {\"read_gb_s\": 3.5}.")
+    return problems + _cluster_problems(spec)
+
+
+def _cluster_problems(spec: dict[str, Any]) -> list[str]:
+    problems = []
+    nodes = spec.get("nodes", 1)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        problems.append("'nodes' must be a whole number of at least 1.")
+    if not isinstance(spec.get("name", ""), str):
+        problems.append("'name' must be a string.")
+    link = spec.get("interconnect", {})
+    if not isinstance(link, dict):
+        return [*problems, '\'interconnect\' must look like {"gpu_link": "nvlink", ...}.']
+    unknown = sorted(set(link) - INTERCONNECT_KEYS)
+    problems += [f"interconnect: unknown key {key!r}." for key in unknown]
+    if link.get("gpu_link", "pcie") not in GPU_LINKS:
+        problems.append(f"interconnect: 'gpu_link' must be one of {', '.join(GPU_LINKS)}.")
+    if not isinstance(link.get("network", ""), str):
+        problems.append("interconnect: 'network' must be a string, e.g. \"200GbE RoCE\".")
+    if not _positive_number(link.get("network_gb_s", 1)):
+        problems.append("interconnect: 'network_gb_s' must be a positive number (GB/s).")
     return problems
 
 
@@ -209,14 +237,58 @@ def expand_spec(
 
 
 def load_spec(path: Path | str) -> HardwareProfile:
+    return expand_spec(read_spec_file(path))
+
+
+def read_spec_file(path: Path | str) -> Any:
     path = Path(path)
     try:
-        spec = json.loads(path.read_text("utf-8"))
+        return json.loads(path.read_text("utf-8"))
     except OSError as exc:
         raise SpecError(f"Cannot read the hardware spec {path}: {exc.strerror}.") from exc
     except json.JSONDecodeError as exc:
         raise SpecError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}).") from exc
-    return expand_spec(spec)
+
+
+# --- clusters ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """`nodes` identical machines like `node`, and how their GPUs are linked."""
+
+    node: HardwareProfile
+    nodes: int = 1
+    gpu_link: str = "pcie"  # inside a node: "nvlink" | "pcie" | "unified" (one SoC GPU)
+    network: str | None = None  # between nodes, in words ("200GbE RoCE")
+    network_bytes_per_s: int | None = None
+    name: str | None = None
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.node.gpus)
+
+
+def expand_cluster_spec(
+    spec: dict[str, Any], catalog: Mapping[str, CatalogGpu] | None = None
+) -> ClusterSpec:
+    """`expand_spec` plus the node count and the links (a plain spec is one node)."""
+    node = expand_spec(spec, catalog)
+    link = spec.get("interconnect", {})
+    soc = any(gpu.integrated and gpu.unified_memory for gpu in node.gpus)
+    speed = link.get("network_gb_s")
+    return ClusterSpec(
+        node=node,
+        nodes=spec.get("nodes", 1),
+        gpu_link=link.get("gpu_link", "unified" if soc else "pcie"),
+        network=link.get("network"),
+        network_bytes_per_s=int(speed * 1e9) if speed is not None else None,
+        name=spec.get("name"),
+    )
+
+
+def load_cluster_spec(path: Path | str) -> ClusterSpec:
+    return expand_cluster_spec(read_spec_file(path))
 
 
 def _memory_bytes(spec: Mapping[str, Any], catalog: Mapping[str, CatalogGpu]) -> int:
