@@ -10,7 +10,10 @@ It answers the routes Hearthside uses the way huggingface.co does:
   Content-Range).
 
 Switches on `HubState` make it misbehave: drop the connection after N body bytes, flip a byte,
-ignore Range (answer 200), or redirect somewhere else. Every request is logged.
+ignore Range (answer 200), or redirect somewhere else; `hold_after_bytes` makes the next file
+response stall after N bytes until `released` is set (a slow hub, for cancelling mid-download).
+A repo marked `gated` answers 401 on its files unless the request carries `token`. Every request
+is logged.
 
 `write_llama_gguf` writes a small but complete llama-style GGUF (optionally split into parts)
 that llama.cpp loads and generates from.
@@ -37,6 +40,7 @@ import numpy as np
 COMMIT_SHA = "0123456789abcdef0123456789abcdef01234567"
 _SEND_BLOCK_BYTES = 256 * 1024
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+_HOLD_LIMIT_S = 30.0  # a stalled response gives up waiting for `released` after this long
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class HubRepo:
     extra_siblings: list[dict[str, Any]] = field(default_factory=list)  # raw listing entries
     downloads: int = 0
     likes: int = 0
+    gated: bool = False  # its files answer 401 without `Authorization: Bearer <HubState.token>`
 
 
 @dataclass
@@ -77,6 +82,10 @@ class HubState:
     corrupt_offset: int | None = None  # every file response flips the byte at this offset
     ignore_range: bool = False
     redirect_location: str | None = None  # resolve answers 302 here instead of /cdn/...
+    hold_after_bytes: int | None = None  # the next file response stalls after this many bytes
+    holding: threading.Event = field(default_factory=threading.Event)  # set while it stalls
+    released: threading.Event = field(default_factory=threading.Event)  # ends the stall
+    token: str | None = None  # the access token gated repos accept
     lock: threading.Lock = field(default_factory=threading.Lock)
     _log: list[RequestRecord] = field(default_factory=list)
     _in_flight: int = 0
@@ -111,6 +120,7 @@ class HubState:
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    _hold_after: int | None = None
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
         return
@@ -168,7 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "downloads": repo.downloads,
                 "likes": repo.likes,
                 "lastModified": "2025-08-14T12:00:00.000Z",
-                "gated": False,
+                "gated": "manual" if repo.gated else False,
                 "tags": ["gguf"],
             }
             for index, (repo_id, repo) in enumerate(self.server.state.repos.items())
@@ -189,9 +199,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _redirect(self, repo_id: str, filename: str) -> tuple[int, int]:
         state = self.server.state
-        served = state.repos.get(repo_id, HubRepo()).files.get(filename)
+        repo = state.repos.get(repo_id, HubRepo())
+        served = repo.files.get(filename)
         if served is None:
             return self._json(404, {"error": "Entry not found"})
+        if repo.gated and not self._authorized():
+            return self._json(401, {"error": f"Access to model {repo_id} is restricted."})
         location = state.redirect_location or f"/cdn/{repo_id}/{urllib.parse.quote(filename)}"
         self.send_response(302)
         self.send_header("Location", location)
@@ -201,11 +214,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         return 302, 0
 
+    def _authorized(self) -> bool:
+        token = self.server.state.token
+        return token is not None and self.headers.get("Authorization") == f"Bearer {token}"
+
     def _send_file(self, served: ServedFile) -> tuple[int, int]:
         state = self.server.state
         start = self._range_start(served.size_bytes)
         with state.lock:
             cut_after, state.cut_after_bytes = state.cut_after_bytes, None
+            self._hold_after, state.hold_after_bytes = state.hold_after_bytes, None
         status = 200 if start == 0 and self.headers.get("Range") is None else 206
         if state.ignore_range:
             start, status = 0, 200
@@ -232,7 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
         sent = 0
         with path.open("rb") as source:
             source.seek(start)
-            while block := source.read(_SEND_BLOCK_BYTES):
+            while block := source.read(self._next_block_bytes(sent)):
+                self._stall_if_held(sent)
                 if cut_after is not None:
                     block = block[: max(0, cut_after - sent)]
                 if corrupt is not None and start + sent <= corrupt < start + sent + len(block):
@@ -248,6 +267,23 @@ class _Handler(BaseHTTPRequestHandler):
         if cut_after is not None:
             self._drop_connection()
         return sent
+
+    def _next_block_bytes(self, sent: int) -> int:
+        """Blocks end exactly at the hold point, so the client has all bytes before it."""
+        hold = self._hold_after
+        if hold is not None and sent < hold:
+            return min(_SEND_BLOCK_BYTES, hold - sent)
+        return _SEND_BLOCK_BYTES
+
+    def _stall_if_held(self, sent: int) -> None:
+        if self._hold_after is None or sent < self._hold_after:
+            return
+        self._hold_after = None
+        self.wfile.flush()
+        state = self.server.state
+        state.holding.set()
+        state.released.wait(timeout=_HOLD_LIMIT_S)
+        state.holding.clear()
 
     def _drop_connection(self) -> None:
         self.wfile.flush()
@@ -301,6 +337,7 @@ class HubServer:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        self.state.released.set()  # no handler thread stays stalled past the server
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()

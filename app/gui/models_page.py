@@ -3,7 +3,8 @@ choosing the default, and asking the window to chat with one.
 
 Adding validates the file, loads it once in a child process and copies it into the models
 folder (the model store does all three) on a worker thread, with a progress bar and a Cancel
-button; a problem is shown in plain words in a message bar above the table.
+button; a problem is shown in plain words in a message bar above the table. "Download from the
+hub…" opens `HubDialog` (hub_dialog.py); a model it downloads appears here, selected.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hearthside.app.gui.hub_dialog import HubDialog
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.quantize import (
@@ -47,6 +49,7 @@ from hearthside.core.models.quantize import (
 )
 from hearthside.core.models.store import ModelRecord, ModelStore, human_size
 from hearthside.core.paths import data_dir
+from hearthside.core.probe.profile import HardwareProfile
 
 COLUMNS = ("Name", "Size", "Quant", "Parameters", "Architecture", "Licence", "")
 DEFAULT_MARK = "★ Default"
@@ -191,6 +194,8 @@ class ModelsPage(QWidget):
         self._cancel = threading.Event()
         self._progress_text: Callable[[int, int], str] = copy_progress_text
         self._progress_relay = MainThreadRelay(self._show_progress, self)
+        self._hub_dialog: HubDialog | None = None
+        self._hardware: HardwareProfile | None = None
         self.setAcceptDrops(True)
         self.setStyleSheet(STYLE)
         self._build()
@@ -248,6 +253,27 @@ class ModelsPage(QWidget):
     def message(self) -> str:
         return self.message_label.text() if self.message_bar.isVisibleTo(self) else ""
 
+    def set_hardware_profile(self, profile: HardwareProfile) -> None:
+        """The machine the hub dialog's fit badges are for (else it probes once itself)."""
+        self._hardware = profile
+        if self._hub_dialog is not None:
+            self._hub_dialog.set_hardware(profile)
+
+    def open_hub_dialog(self) -> HubDialog:
+        """Show the hub dialog (one per page: it keeps its search while hidden)."""
+        if self._hub_dialog is None:
+            self._hub_dialog = HubDialog(self.home, self, profile=self._hardware)
+            self._hub_dialog.downloaded.connect(self._downloaded)
+            self._hub_dialog.show_model.connect(self.select)
+        self._hub_dialog.show()
+        self._hub_dialog.raise_()
+        self._hub_dialog.activateWindow()
+        return self._hub_dialog
+
+    def _downloaded(self, record: ModelRecord) -> None:
+        self.show_message(f"Downloaded {record.name} ({human_size(record.size_bytes)}).")
+        self._show_new_model(record)
+
     # -- building --
 
     def _build(self) -> None:
@@ -258,7 +284,9 @@ class ModelsPage(QWidget):
         layout.addWidget(self._build_message_bar())
         layout.addWidget(self._build_progress_row())
         layout.addWidget(self._build_table(), 1)
-        self.empty_hint = QLabel("No models yet. Add a GGUF file, or drop one on this page.")
+        self.empty_hint = QLabel(
+            "No models yet. Download one from the hub, add a GGUF file, or drop one on this page."
+        )
         self.empty_hint.setObjectName("muted")
         self.empty_hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
         layout.addWidget(self.empty_hint)
@@ -276,8 +304,11 @@ class ModelsPage(QWidget):
         titles.addWidget(title)
         titles.addWidget(subtitle)
         header.addLayout(titles, 1)
+        self.hub_button = QPushButton("Download from the hub…")
+        self.hub_button.clicked.connect(self.open_hub_dialog)
         self.add_button = QPushButton("Add file…")
         self.add_button.clicked.connect(self._choose_files)
+        header.addWidget(self.hub_button, 0, Qt.AlignmentFlag.AlignVCenter)
         header.addWidget(self.add_button, 0, Qt.AlignmentFlag.AlignVCenter)
         return header
 

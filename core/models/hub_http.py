@@ -253,13 +253,14 @@ class HubResponse:
 
     def __init__(
         self,
-        connection: http.client.HTTPConnection,
-        response: http.client.HTTPResponse,
+        sent: SentRequest,
         url: str,
         linked_headers: Mapping[str, str],
     ) -> None:
-        self._connection = connection
-        self._response = response
+        self._connection = sent.connection
+        self._socket = sent.socket
+        self._response = sent.response
+        response = sent.response
         self.url = url
         self.status = response.status
         self._linked = dict(linked_headers)
@@ -279,7 +280,7 @@ class HubResponse:
 
     def abort(self) -> None:
         """Unblock a read in another thread (used for cancelling)."""
-        sock = self._connection.sock
+        sock = self._socket
         if sock is not None:
             with contextlib.suppress(OSError):  # already closed by the other side
                 sock.shutdown(socket.SHUT_RDWR)
@@ -306,13 +307,13 @@ def open_url(
     linked: dict[str, str] = {}
     for _hop in range(MAX_REDIRECTS + 1):
         checked = check_url(url, endpoint, resolve)
-        connection, response = send_checked(checked, endpoint, headers or {})
-        _remember_linked_headers(response, linked)
-        if response.status not in _REDIRECT_STATUSES:
-            return HubResponse(connection, response, url, linked)
-        location = response.getheader("Location")
-        response.close()
-        connection.close()
+        sent = send_checked(checked, endpoint, headers or {})
+        _remember_linked_headers(sent.response, linked)
+        if sent.response.status not in _REDIRECT_STATUSES:
+            return HubResponse(sent, url, linked)
+        location = sent.response.getheader("Location")
+        sent.response.close()
+        sent.connection.close()
         if not location:
             raise HubError("The hub sent a redirect without a destination.", hint=_RETRY_HINT)
         url = urllib.parse.urljoin(url, location)
@@ -329,9 +330,18 @@ def _remember_linked_headers(response: http.client.HTTPResponse, linked: dict[st
             linked[name.lower()] = value
 
 
+@dataclass(frozen=True)
+class SentRequest:
+    connection: http.client.HTTPConnection
+    response: http.client.HTTPResponse
+    # http.client hands the socket to the response and forgets it when the server closes the
+    # connection after this reply; keep it so a cancel can still shut it down.
+    socket: socket.socket | None
+
+
 def send_checked(
     checked: CheckedURL, endpoint: HubEndpoint, extra_headers: Mapping[str, str]
-) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+) -> SentRequest:
     """GET one URL that passed `check_url`, over a socket to one of its checked addresses."""
     connection = _connect(checked)
     headers = {"User-Agent": USER_AGENT, **extra_headers}
@@ -339,7 +349,8 @@ def send_checked(
         headers["Authorization"] = f"Bearer {endpoint.token}"
     try:
         connection.request("GET", checked.request_target, headers=headers)
-        return connection, connection.getresponse()
+        sock = connection.sock
+        return SentRequest(connection, connection.getresponse(), sock)
     except (OSError, http.client.HTTPException) as exc:
         connection.close()
         raise connection_error(checked.host, exc) from exc

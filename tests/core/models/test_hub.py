@@ -405,9 +405,9 @@ def test_tls_checks_the_hub_name_while_connecting_to_the_checked_address(
         send_checked(checked, HF, {})
 
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # now the system trusts this certificate
-    connection, response = send_checked(checked, HF, {})
+    sent = send_checked(checked, HF, {})
     try:
-        assert response.status == 200
-        assert response.read() == f"cdn-lfs.hf.co:{port}".encode()
+        assert sent.response.status == 200
+        assert sent.response.read() == f"cdn-lfs.hf.co:{port}".encode()
     finally:
-        connection.close()
+        sent.connection.close()
