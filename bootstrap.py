@@ -105,7 +105,7 @@ APP_DEBIAN_PACKAGES = (
     "libxcb-icccm4",
     "libxcb-keysyms1",
 )
-TEST_DEBIAN_PACKAGES = ("xvfb", "xauth", "desktop-file-utils")
+TEST_DEBIAN_PACKAGES = ("xvfb", "xauth", "desktop-file-utils", "appstream")
 
 
 def install_debian_packages(names: tuple[str, ...]) -> None:
@@ -162,7 +162,24 @@ def install(extras: str, backend: str) -> None:
 def run_app(args: list[str]) -> int:
     say("installing the default model if needed")
     run([venv_python(), "-m", "hearthside.app.cli", "models", "install-default"])
+    offer_launcher()
     return subprocess.call([venv_python(), "-m", "hearthside.app.cli", *args], cwd=ROOT)
+
+
+LAUNCHER_CHECK = (
+    "from hearthside.app.launcher import manifest_path; from hearthside.core.paths import "
+    "data_dir; print(manifest_path(data_dir()).exists())"
+)
+
+
+def offer_launcher() -> None:
+    """One line, until a launcher is installed: how to get a double-click icon."""
+    check = subprocess.run(
+        [str(venv_python()), "-c", LAUNCHER_CHECK], capture_output=True, text=True, check=False
+    )
+    if check.stdout.strip() == "False":
+        hearthside = venv_python().with_name("hearthside" + venv_python().suffix)
+        say(f"to start Hearthside with a double-click: {hearthside} install-launcher")
 
 
 def typecheck_tree() -> Path:

@@ -10,15 +10,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from hearthside.core.errors import HearthsideError
+from hearthside.core.paths import data_dir
 from hearthside.core.settings import Settings
 
 # Platform plugins that draw on an X server or a Wayland compositor, and what tells us one
 # is there. Any other plugin the user names (offscreen, minimal, vnc, eglfs, linuxfb...)
 # needs no display server, so it is taken at its word.
 _DISPLAY_SERVER_PLUGINS = {"xcb": "DISPLAY", "wayland": "WAYLAND_DISPLAY"}
+ALREADY_RUNNING_NOTICE = "Hearthside is already running: its window has been brought to the front."
 NO_DISPLAY_NOTICE = (
     "No display found (DISPLAY and WAYLAND_DISPLAY are not set): starting the terminal chat. "
     "Use `hearthside gui` in a desktop session to open the window."
@@ -53,8 +55,12 @@ def bare_command(env: Mapping[str, str] | None = None, platform: str | None = No
 
 
 def add_gui_parser(subparsers: argparse._SubParsersAction) -> None:
-    settings = Settings()
     gui = subparsers.add_parser("gui", help="open the Hearthside window (the default command)")
+    add_gui_arguments(gui)
+
+
+def add_gui_arguments(gui: argparse.ArgumentParser) -> None:
+    settings = Settings()
     gui.add_argument(
         "--model", default="default", help="registered model id, a GGUF path, or 'default'"
     )
@@ -63,7 +69,23 @@ def add_gui_parser(subparsers: argparse._SubParsersAction) -> None:
     gui.add_argument(
         "--batch-threads", type=int, default=settings.batch_threads, help="prompt threads"
     )
+    # For tests, benchmarks and the bundle's smoke run; not shown in --help.
+    gui.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
+    gui.add_argument("--no-probe", action="store_true", help=argparse.SUPPRESS)
     gui.set_defaults(handler=run_gui_command)
+
+
+def gui_main(argv: Sequence[str]) -> int:
+    """`hearthside gui ARGS` without building the whole CLI, whose other subcommands import
+    the engine, numpy and the API server at module level: the double-click path stays quick."""
+    parser = argparse.ArgumentParser(prog="hearthside gui")
+    add_gui_arguments(parser)
+    args = parser.parse_args(list(argv))
+    try:
+        return run_gui_command(args)
+    except HearthsideError as exc:
+        print(f"error: {exc.user_text()}", file=sys.stderr)
+        return 2
 
 
 def run_gui_command(args: argparse.Namespace) -> int:
@@ -73,6 +95,29 @@ def run_gui_command(args: argparse.Namespace) -> int:
             hint="Run it in a desktop session (or set DISPLAY), or chat in the terminal with "
             "`hearthside chat`.",
         )
+    if not args.smoke and _handed_to_running_instance(args):
+        return 0
     from hearthside.app.gui.app import run_gui
 
     return run_gui(args)
+
+
+def _handed_to_running_instance(args: argparse.Namespace) -> bool:
+    """Ask a running Hearthside to show its window, before loading anything heavy."""
+    from hearthside.app.gui.single_instance import (
+        ActivationRequest,
+        ForwardResult,
+        forward_to_running_instance,
+        instance_key,
+    )
+
+    request = ActivationRequest(model=None if args.model == "default" else args.model)
+    result = forward_to_running_instance(instance_key(data_dir()), request)
+    if result is ForwardResult.NOT_RESPONDING:
+        raise HearthsideError(
+            "Hearthside is already running but its window is not responding.",
+            hint="Wait a moment and start it again, or close the running Hearthside first.",
+        )
+    if result is ForwardResult.FORWARDED:
+        print(ALREADY_RUNNING_NOTICE, file=sys.stderr)
+    return result is ForwardResult.FORWARDED

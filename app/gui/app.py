@@ -3,28 +3,57 @@
 `HearthsideApp` owns the one EngineService the window, the chat and the Local API share, and
 the main window; closing the window turns the API off, stops the reply (saving it) and then
 stops the engine thread.
+
+Only one app runs per user and data dir (`single_instance`): a second launch raises this
+window and exits. The window and the engine module are imported inside `HearthsideApp`, after
+that check, so a second launch never pays for them.
+
+Two hooks for tests and benchmarks, invisible to users:
+- `HEARTHSIDE_STARTUP_MARKER=PATH` appends `<event> <unix time>` lines to PATH: `qt-ready`
+  (QApplication made), `window-built` (the window and engine thread exist), `shown` when the
+  window is first painted, `engine-ready` when the model has loaded, `activated` when a
+  second launch handed over.
+- `hearthside gui --smoke` opens the window, sends one prompt once the model is loaded,
+  prints the reply and quits (exit 0, or 1 when no reply came) — the bundle's smoke run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QCoreApplication, QObject, Qt, Slot
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QMessageBox, QStyleFactory
 
 from hearthside.app.gui.icons import app_icon
-from hearthside.app.gui.main_window import MainWindow
 from hearthside.app.gui.model_loader import LoadOptions
+from hearthside.app.gui.single_instance import ActivationRequest, claim_instance, instance_key
 from hearthside.app.gui.window_state import APPLICATION, ORGANIZATION
-from hearthside.core.engine.service import EngineService
+from hearthside.app.gui_cli import ALREADY_RUNNING_NOTICE
+from hearthside.app.launcher import APP_ID
 from hearthside.core.errors import HearthsideError
+from hearthside.core.paths import data_dir
 from hearthside.core.settings import Settings
 
+if TYPE_CHECKING:
+    from hearthside.app.gui.main_window import MainWindow
+    from hearthside.core.engine.engine import GenerationResult
+
 ENGINE_STOP_TIMEOUT_S = 10.0
+STARTUP_MARKER_ENV = "HEARTHSIDE_STARTUP_MARKER"
+SMOKE_PROMPT = "What is the capital of France?"
+SMOKE_MAX_TOKENS = 24
+SMOKE_TIMEOUT_MS = 10 * 60 * 1000  # a first run installs the default model first
+SMOKE_POLL_MS = 250
+SIGNAL_CHECK_MS = 500
 
 
 @dataclass(frozen=True)
@@ -33,6 +62,8 @@ class GuiOptions:
     load: LoadOptions = field(default_factory=LoadOptions)
     probe_command: tuple[str, ...] | None = None  # replaces the hardware probe's command line
     probe_on_start: bool = True
+    smoke: bool = False  # send one prompt, print the reply, quit
+    model_named: bool = False  # the user named `model` (a second launch forwards it)
 
 
 # ---- application and theme --------------------------------------------------------------------
@@ -45,7 +76,7 @@ def create_application(argv: Sequence[str] | None = None) -> QApplication:
     QCoreApplication.setOrganizationName(ORGANIZATION)
     QCoreApplication.setApplicationName(APPLICATION)
     QGuiApplication.setApplicationDisplayName(APPLICATION)
-    QGuiApplication.setDesktopFileName("hearthside")
+    QGuiApplication.setDesktopFileName(APP_ID)  # the launcher's desktop entry
     app.setWindowIcon(app_icon())
     fusion = QStyleFactory.create("Fusion")
     if fusion is not None:
@@ -94,6 +125,36 @@ def apply_palette(app: QApplication, dark: bool) -> None:
     app.setPalette(dark_palette() if dark else app.style().standardPalette())
 
 
+# ---- startup marker ---------------------------------------------------------------------------
+
+
+def mark_startup_event(event: str, path: str | None = None) -> None:
+    """Append `<event> <unix time>` to the file HEARTHSIDE_STARTUP_MARKER names, if any."""
+    target = path if path is not None else os.environ.get(STARTUP_MARKER_ENV)
+    if not target:
+        return
+    try:
+        with Path(target).open("a", encoding="utf-8") as marker:
+            marker.write(f"{event} {time.time():.6f}\n")
+    except OSError:
+        pass  # a diagnostics hook must never stop the app
+
+
+class _FirstPaintWatcher(QObject):
+    """Marks `shown` when the window is first painted: the user can see it from then on."""
+
+    def __init__(self, window: QObject) -> None:
+        super().__init__(window)
+        self._window = window
+        window.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt's name)
+        if watched is self._window and event.type() == QEvent.Type.Paint:
+            self._window.removeEventFilter(self)
+            mark_startup_event("shown")
+        return False
+
+
 # ---- the app ----------------------------------------------------------------------------------
 
 
@@ -102,11 +163,15 @@ class HearthsideApp(QObject):
 
     def __init__(self, app: QApplication, options: GuiOptions) -> None:
         super().__init__()
+        # Imported here, not at the top: a second launch stops before needing them.
+        from hearthside.app.gui.main_window import MainWindow
+        from hearthside.core.engine.service import EngineService
+
         self.app = app
         self.options = options
         self.service = EngineService(max_queue=Settings().max_queue).start()
         try:
-            self.window = MainWindow(
+            self.window: MainWindow = MainWindow(
                 self.service, load_options=options.load, probe_command=options.probe_command
             )
         except BaseException:
@@ -114,11 +179,27 @@ class HearthsideApp(QObject):
             raise
         self.window.apply_theme(os_prefers_dark(app))
         app.styleHints().colorSchemeChanged.connect(self._on_color_scheme_changed)
+        self.window.bridge.load_finished.connect(lambda _loaded: mark_startup_event("engine-ready"))
+        self._first_paint = _FirstPaintWatcher(self.window)
+        self._smoke = SmokeRun(self) if options.smoke else None
         self._stopped = False
 
     def start(self) -> None:
         self.window.show()
         self.window.start(self.options.model, probe=self.options.probe_on_start)
+
+    @Slot(object)
+    def activate(self, request: ActivationRequest) -> None:
+        """A second launch asked for this window: bring it to the front (and load its model)."""
+        window = self.window
+        if window.isMinimized():
+            window.showNormal()
+        window.show()
+        window.raise_()
+        window.activateWindow()
+        mark_startup_event("activated")
+        if request.model is not None:
+            window.load_model(request.model)
 
     def shutdown(self) -> None:
         if self._stopped:
@@ -135,26 +216,118 @@ class HearthsideApp(QObject):
         self.window.apply_theme(dark)
 
 
+class SmokeRun(QObject):
+    """`--smoke`: once the model is loaded, ask one question through the chat, print the reply
+    and quit; exit code 1 if loading or answering fails or takes too long."""
+
+    def __init__(self, owner: HearthsideApp) -> None:
+        super().__init__(owner)
+        self.owner = owner
+        bridge = owner.window.bridge
+        bridge.load_finished.connect(self._ask)
+        bridge.load_failed.connect(self._fail)
+        bridge.reply_finished.connect(self._answered)
+        bridge.reply_failed.connect(self._fail)
+        QTimer.singleShot(SMOKE_TIMEOUT_MS, self, lambda: self._fail(TimeoutError("no reply")))
+        # Preparing a model (installing the default one) fails into the window's message bar,
+        # not a signal; any error shown there fails the smoke run.
+        self._watch = QTimer(self)
+        self._watch.timeout.connect(self._check_message_bar)
+        self._watch.start(SMOKE_POLL_MS)
+        self._done = False
+
+    @Slot()
+    def _check_message_bar(self) -> None:
+        bar = self.owner.window.message_bar
+        if bar.text and bar.property("kind") == "error":
+            self._fail(RuntimeError(bar.text))
+
+    @Slot(object)
+    def _ask(self, _loaded: object) -> None:
+        session = self.owner.window.session
+        settings = session.settings()
+        # Greedy and short: a quick, repeatable answer (this only touches the smoke run's chat).
+        sampling = replace(settings.sampling, temperature=0.0, max_tokens=SMOKE_MAX_TOKENS)
+        session.apply_settings(replace(settings, sampling=sampling))
+        if not session.send(SMOKE_PROMPT):
+            self._fail(RuntimeError("the chat refused the prompt"))
+
+    @Slot(object)
+    def _answered(self, result: GenerationResult) -> None:
+        text = result.text.strip()
+        print(f"smoke: prompt: {SMOKE_PROMPT}", flush=True)
+        print(f"smoke: reply: {text}", flush=True)
+        print(f"smoke: decode {result.metrics.decode_tok_s or 0:.1f} tok/s", flush=True)
+        self._finish(0 if text else 1)
+
+    @Slot(object)
+    def _fail(self, error: BaseException) -> None:
+        if self._done:
+            return
+        message = error.user_text() if isinstance(error, HearthsideError) else str(error)
+        print(f"smoke: failed: {message or repr(error)}", file=sys.stderr, flush=True)
+        self._finish(1)
+
+    def _finish(self, code: int) -> None:
+        self._done = True
+        self._watch.stop()
+        self.owner.app.exit(code)
+
+
 def gui_options(args: argparse.Namespace) -> GuiOptions:
     return GuiOptions(
         model=args.model,
         load=LoadOptions(
             n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.batch_threads
         ),
+        probe_on_start=not getattr(args, "no_probe", False),
+        smoke=getattr(args, "smoke", False),
+        model_named=args.model != "default",
     )
 
 
+def activation_request(options: GuiOptions) -> ActivationRequest:
+    return ActivationRequest(model=options.model if options.model_named else None)
+
+
+def _quit_on_sigterm(app: QApplication) -> None:
+    """A session logout (SIGTERM) closes the window properly: state saved, reply kept, engine
+    stopped, the instance socket removed. Python only runs signal handlers between bytecodes,
+    so a timer hands it control twice a second while Qt's loop waits."""
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: app.quit())
+    ticker = QTimer(app)
+    ticker.timeout.connect(lambda: None)
+    ticker.start(SIGNAL_CHECK_MS)
+
+
 def run_gui(args: argparse.Namespace) -> int:
-    """Open the window and run until it is closed; the exit code of the event loop."""
+    """Open the window and run until it is closed; the exit code of the event loop.
+
+    When Hearthside already runs for this user and data dir, raise that window instead and
+    return 0 at once.
+    """
+    options = gui_options(args)
     app = create_application(sys.argv[:1])
+    mark_startup_event("qt-ready")
+    instance = claim_instance(instance_key(data_dir()), activation_request(options), app)
+    if instance is None:
+        if options.smoke:
+            print("smoke: failed: Hearthside already runs on this data dir", file=sys.stderr)
+            return 1
+        print(ALREADY_RUNNING_NOTICE, file=sys.stderr)
+        return 0
     try:
-        hearthside = HearthsideApp(app, gui_options(args))
+        hearthside = HearthsideApp(app, options)
     except HearthsideError as exc:
         # Nothing else is on screen yet: say what is wrong in a dialog, not a traceback.
         QMessageBox.critical(None, "Hearthside", exc.user_text())
         return 2
+    mark_startup_event("window-built")
+    instance.activation_requested.connect(hearthside.activate)
+    _quit_on_sigterm(app)
     hearthside.start()
     try:
         return int(app.exec())
     finally:
         hearthside.shutdown()
+        instance.close()
