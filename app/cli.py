@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hearthside.app.plan_cli import add_plan_parser
     from hearthside.app.probe_cli import add_probe_parser
     from hearthside.app.recipe_cli import add_recipe_parser
+    from hearthside.app.remote_cli import add_remote_parser
     from hearthside.app.serve_cli import add_serve_parser
     from hearthside.app.tune_cli import add_tune_parser
     from hearthside.app.wisdom_cli import add_wisdom_parser
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(subparsers)
     add_plan_parser(subparsers)
     add_recipe_parser(subparsers)
+    add_remote_parser(subparsers)
     add_wisdom_parser(subparsers)
     add_tune_parser(subparsers)
     add_calibrate_parser(subparsers)

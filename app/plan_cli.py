@@ -3,6 +3,10 @@
 MODEL is anything `resolve_spec` takes (an installed id, a .gguf path, a catalog id, a
 descriptor .json); the hardware is this machine, a recorded profile (`--hardware`) or a what-if
 spec (`--hardware-spec`). Nothing is loaded: this is the planner's estimate.
+
+When MODEL is an installed model with installed quant variants (`variant_of` in the store),
+every variant is planned — and so are the quants that could be made from the one with the
+most bits, marked "can be made" — and the goal picks among them (`autotune/variants.py`).
 """
 
 from __future__ import annotations
@@ -15,10 +19,22 @@ from typing import get_args
 
 from hearthside.app.probe_cli import _load as load_profile
 from hearthside.autotune.calibration import calibration_for
+from hearthside.autotune.memory import WeightPiece, pieces_from_gguf
 from hearthside.autotune.planner import Goal, Plan, cpu_expert_layers, plan
+from hearthside.autotune.variants import (
+    DEFAULT_MIN_DECODE_TPS,
+    Variant,
+    VariantChoice,
+    VariantOutcome,
+    makeable_variants,
+    plan_variants,
+)
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.catalog import resolve_spec
+from hearthside.core.models.gguf_validator import validate_gguf
+from hearthside.core.models.store import DB_FILE_NAME, DEFAULT_REF, ModelRecord, ModelStore
+from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
 
 GIB = 1024**3
@@ -52,25 +68,100 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
         default=2.0,
         help="memory to leave for other programs (default 2 GB)",
     )
+    parser.add_argument(
+        "--min-tps",
+        type=float,
+        default=DEFAULT_MIN_DECODE_TPS,
+        help="with quant variants: the decode speed the quality goal must reach "
+        f"(default {DEFAULT_MIN_DECODE_TPS:g} tok/s)",
+    )
+    parser.add_argument(
+        "--installed-only",
+        action="store_true",
+        help="with quant variants: leave out the quants that could be made locally",
+    )
     parser.add_argument("--json", action="store_true", help="print only the Plan as JSON")
     parser.set_defaults(handler=_run_plan)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
     profile = _profile(args)
-    result = plan(
-        resolve_spec(args.model),
-        profile,
-        goal=args.goal,
-        n_ctx=args.ctx,
-        free_margin_bytes=int(args.keep_free_gb * GIB),
-        calibration=_calibration(profile),
-    )
-    if args.json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
+    variants = installed_variants(args.model)
+    if len(variants) > 1:
+        if not args.installed_only:
+            variants += makeable_variants(variants)
+        choice = plan_variants(
+            variants,
+            profile,
+            goal=args.goal,
+            n_ctx=args.ctx,
+            free_margin_bytes=int(args.keep_free_gb * GIB),
+            calibration=_calibration(profile),
+            min_decode_tps=args.min_tps,
+        )
+        result = choice.plan
+        if args.json:
+            document = {**result.to_dict(), "variants": choice.to_dict()}
+            sys.stdout.write(json.dumps(document, indent=1) + "\n")
+        else:
+            print(describe_choice(choice))
     else:
-        print(describe_plan(result))
+        result = plan(
+            variants[0].spec if variants else resolve_spec(args.model),
+            profile,
+            goal=args.goal,
+            n_ctx=args.ctx,
+            free_margin_bytes=int(args.keep_free_gb * GIB),
+            calibration=_calibration(profile),
+            pieces=_file_pieces(args.model),
+        )
+        if args.json:
+            sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
+        else:
+            print(describe_plan(result))
     return 0 if result.fits or result.streams_from_disk else NOTHING_FITS
+
+
+def _file_pieces(ref: str) -> list[WeightPiece] | None:
+    """A GGUF file's own tensors, so each is costed at its own type (a spec groups them)."""
+    path = Path(ref)
+    if not (ref.lower().endswith(".gguf") and path.is_file()):
+        return None
+    return pieces_from_gguf(validate_gguf(path))
+
+
+def installed_variants(ref: str) -> list[Variant]:
+    """The installed quant variants of the model `ref` names, itself included; [] when `ref`
+    is not an installed model (a path, a catalog id, a descriptor)."""
+    if Path(ref).is_file() or not (data_dir() / DB_FILE_NAME).exists():
+        return []
+    with ModelStore(data_dir()) as store:
+        if ref != DEFAULT_REF and store.find(ref) is None:
+            return []
+        family = _family(store, store.resolve(ref))
+        labels = [record.quant or record.id for record in family]
+        return [
+            Variant(
+                label if labels.count(label) == 1 else record.id,
+                resolve_spec(record.id, store),
+                model_id=record.id,
+            )
+            for label, record in zip(labels, family, strict=True)
+        ]
+
+
+def _family(store: ModelStore, record: ModelRecord) -> list[ModelRecord]:
+    """Every model made from the same original as `record` (variants of variants too)."""
+    root, seen = record, {record.id}
+    while root.variant_of and root.variant_of not in seen and store.find(root.variant_of):
+        seen.add(root.variant_of)
+        root = store.get(root.variant_of)
+    family, queue = [], [root]
+    while queue:
+        current = queue.pop(0)
+        family.append(current)
+        queue += [v for v in store.variants_of(current.id) if v.id not in {r.id for r in family}]
+    return family
 
 
 def _calibration(profile: HardwareProfile) -> dict[str, float]:
@@ -89,6 +180,31 @@ def _profile(args: argparse.Namespace) -> HardwareProfile:
                 hint="Save one with `hearthside probe --json > profile.json`.",
             ) from exc
     return load_profile(args.hardware_spec)
+
+
+def describe_choice(choice: VariantChoice) -> str:
+    lines = [
+        f"Variant   {_variant_name(choice.chosen)} chosen for goal {choice.goal}: {choice.reason}"
+    ]
+    lines += [f"  other   {_variant_line(outcome)}" for outcome in choice.runners_up]
+    lines += [f"Advice    {line}" for line in choice.advice]
+    return "\n".join(lines) + "\n" + describe_plan(choice.plan)
+
+
+def _variant_name(outcome: VariantOutcome) -> str:
+    variant = outcome.variant
+    if variant.can_be_made:
+        return f"{variant.label} (can be made from {variant.made_from})"
+    return f"{variant.label} ({variant.model_id})" if variant.model_id else variant.label
+
+
+def _variant_line(outcome: VariantOutcome) -> str:
+    plan_ = outcome.plan
+    verdict = "fits" if plan_.fits else "streams" if plan_.streams_from_disk else "does not fit"
+    return (
+        f"{_variant_name(outcome)}: {outcome.variant.bits_per_weight:.2f} bits, {verdict}, "
+        f"~{plan_.speed.decode_tps:.1f} tok/s decode, context {plan_.config.n_ctx}"
+    )
 
 
 def describe_plan(result: Plan) -> str:

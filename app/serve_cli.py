@@ -1,11 +1,17 @@
-"""`hearthside serve`: the local OpenAI-compatible API in the foreground."""
+"""`hearthside serve`: the local OpenAI-compatible API in the foreground.
+
+With `--model remote:NAME` it is a proxy over a saved remote server: same address, same key
+and the same queue as for a local model, the remote's model behind it.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from hearthside.app.terminal_chat import engine_config_for, status
+from hearthside.app.terminal_chat import config_for, loading_note, status
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.remote import RemoteConfig
 from hearthside.core.engine.service import EngineService
 from hearthside.core.paths import data_dir
 from hearthside.core.server.app import ServerSettings
@@ -19,7 +25,11 @@ DEFAULT_PORT = 8765
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     settings = Settings()
     serve = subparsers.add_parser("serve", help="run the local OpenAI-compatible API")
-    serve.add_argument("--model", default="default", help="model id, GGUF path, or 'default'")
+    serve.add_argument(
+        "--model",
+        default="default",
+        help="model id, GGUF path, 'default', or remote:NAME (a saved `hearthside remote`)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve.add_argument("--ctx", type=int, default=settings.context_size, help="context tokens")
@@ -36,22 +46,22 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    config = engine_config_for(args.model, args.ctx, None, None)
+    config = config_for(args.model, args.ctx, None, None)
     api_key = None
     if not args.no_key:
         api_key = load_or_create_api_key(args.api_key_file or data_dir() / "api_key")
     check_bind_is_safe(args.host, api_key)  # before the model loads: fail fast
-    settings = ServerSettings(
-        host=args.host,
-        port=args.port,
-        api_key=api_key,
-        extra_hosts=tuple(args.lan_host),
-        cors_origins=tuple(args.cors_origin),
-        model_id=Path(config.model_path).stem,
-    )
     with EngineService(max_queue=args.max_queue) as service:
-        status(f"Loading {Path(config.model_path).name} …")
-        service.load(config).result()
+        status(loading_note(config))
+        loaded = service.load(config).result()
+        settings = ServerSettings(
+            host=args.host,
+            port=args.port,
+            api_key=api_key,
+            extra_hosts=tuple(args.lan_host),
+            cors_origins=tuple(args.cors_origin),
+            model_id=served_model_id(loaded),
+        )
         host = f"[{args.host}]" if ":" in args.host else args.host
         status(f"Serving {settings.model_id} at http://{host}:{args.port}/v1")
         if api_key:
@@ -59,3 +69,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         status("Press Ctrl-C to stop.")
         serve_foreground(settings, service)
     return 0
+
+
+def served_model_id(config: EngineConfig | RemoteConfig) -> str:
+    """The name clients see: the file's stem, or the remote server's own model id."""
+    if isinstance(config, RemoteConfig):
+        return config.model or config.model_path
+    return Path(config.model_path).stem

@@ -15,6 +15,8 @@ from typing import TypeVar
 from hearthside.app.progress import ProgressLine
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, GenerationMetrics, GenerationResult
+from hearthside.core.engine.remote import RemoteConfig
+from hearthside.core.engine.remotes import remote_config, remote_name
 from hearthside.core.engine.service import EngineService, Job
 from hearthside.core.models.default_model import ensure_default_model
 from hearthside.core.models.store import ModelStore, resolve_model_path
@@ -66,13 +68,31 @@ def engine_config_for(
     )
 
 
+def config_for(
+    model_ref: str, n_ctx: int, n_threads: int | None, n_threads_batch: int | None
+) -> EngineConfig | RemoteConfig:
+    """`remote:NAME` is a saved remote server (its context is the server's); anything else is
+    a local model."""
+    if remote_name(model_ref) is not None:
+        return remote_config(model_ref)
+    return engine_config_for(model_ref, n_ctx, n_threads, n_threads_batch)
+
+
+def loading_note(config: EngineConfig | RemoteConfig) -> str:
+    if isinstance(config, RemoteConfig):
+        return f"Connecting to {config.describe()} …"
+    return f"Loading {Path(config.model_path).name} …"
+
+
 def _start_service(options: ChatOptions) -> EngineService:
-    config = engine_config_for(
-        options.model, options.n_ctx, options.n_threads, options.n_threads_batch
-    )
+    config = config_for(options.model, options.n_ctx, options.n_threads, options.n_threads_batch)
     service = EngineService().start()
-    status(f"Loading {Path(config.model_path).name} …")
-    service.load(config).result()
+    status(loading_note(config))
+    try:
+        service.load(config).result()
+    except BaseException:
+        service.stop()
+        raise
     return service
 
 
@@ -95,6 +115,12 @@ def _describe(metrics: GenerationMetrics) -> str:
     parts = [f"{metrics.completion_tokens} tokens"]
     if metrics.decode_tok_s:
         parts.append(f"{metrics.decode_tok_s:.1f} tok/s")
+    speculative = metrics.speculative
+    if speculative is not None and speculative.acceptance_rate is not None:
+        parts.append(
+            f"{speculative.acceptance_rate:.0%} of drafts accepted "
+            f"({speculative.mean_accepted_length or 0:.1f} per step)"
+        )
     if metrics.ttft_s is not None:
         parts.append(f"first token {metrics.ttft_s:.2f} s")
     parts.append(

@@ -21,15 +21,20 @@ from typing import Any, Literal
 
 from hearthside.autotune.memory import (
     CPU,
+    LayerPlacement,
     MemoryEstimate,
+    WeightPiece,
     estimate_memory,
+    pieces_from_spec,
     repacked_types,
 )
+from hearthside.autotune.memory import _device_of_piece as device_of_piece
 from hearthside.autotune.recipes import matching
 from hearthside.autotune.wisdom import Recipe
 from hearthside.core.engine.config import EngineConfig, TensorOverride
-from hearthside.core.models.spec import ModelSpec
+from hearthside.core.models.spec import ModelSpec, TensorGroup
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
+from hearthside.kernels.engine_run import type_bits
 
 PLAN_SCHEMA = 1
 Goal = Literal["fastest", "quality", "longest-context", "balanced"]
@@ -81,9 +86,11 @@ class DeviceBudget:
 @dataclass(frozen=True)
 class SpeedEstimate:
     prefill_tps: float
-    decode_tps: float
+    decode_tps: float  # with the KV cache half full: a typical token of a long conversation
     ttft_s: float
     decode_bound_by: str  # the tier that takes most of each token's time
+    # with an empty KV cache: what llama-bench's tgN (and the tuner's runs) measure
+    decode_tps_empty_context: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,10 @@ class Machine:
     calibrated: bool = False
     decode_efficiency: float = DECODE_EFFICIENCY
     prefill_efficiency: float = PREFILL_EFFICIENCY
+    # CPU costs the calibration fitted (autotune/calibration.py): per layer and token, and the
+    # share of bandwidth or compute each weight type's kernels reach ("decode:Q4_0": 0.62)
+    decode_overhead_s_per_layer: float = 0.0
+    type_efficiency: dict[str, float] = field(default_factory=dict)
 
 
 def plan(
@@ -158,23 +169,28 @@ def plan(
     free_margin_bytes: int = DEFAULT_FREE_MARGIN_BYTES,
     calibration: dict[str, float] | None = None,
     expert_placement: bool = True,
+    pieces: Sequence[WeightPiece] | None = None,
 ) -> Plan:
     """The settings for `spec` on `profile`. `calibration` may give measured
-    "cpu_read_bytes_per_s", "cpu_flops", "disk_read_bytes_per_s", and the share of them the
-    engine reaches ("decode_efficiency", "prefill_efficiency"); `expert_placement=False`
-    limits a MoE to whole-layer offload (what tools without `-ot` can do)."""
+    "cpu_read_bytes_per_s", "cpu_flops", "disk_read_bytes_per_s", and the engine's costs
+    against them (`autotune.calibration.engine_efficiency`); `expert_placement=False`
+    limits a MoE to whole-layer offload (what tools without `-ot` can do); `pieces`, the
+    model file's tensors (`pieces_from_gguf`), size it tensor by tensor rather than by the
+    spec's groups."""
     machine = describe_machine(profile, calibration or {})
     contexts = _contexts(spec, goal, n_ctx)
     recipes = matching(spec, profile)
     preferred_kv = _recipe_setting(recipes, "kv_types", KV_CHOICES)
     numa = _recipe_setting(recipes, "numa", "off")
+    if pieces is None:
+        pieces = pieces_from_spec(spec)  # once: sizing each candidate from the spec is slow
     candidates = [
-        _evaluate(spec, machine, config, free_margin_bytes)
+        _evaluate(spec, machine, config, free_margin_bytes, pieces)
         for config in _configs(spec, machine, contexts, profile, expert_placement, preferred_kv)
     ]
     if not any(c.fits for c in candidates) and tuple(preferred_kv) != KV_CHOICES:
         candidates = [  # a recipe's preference yields when nothing else fits
-            _evaluate(spec, machine, config, free_margin_bytes)
+            _evaluate(spec, machine, config, free_margin_bytes, pieces)
             for config in _configs(spec, machine, contexts, profile, expert_placement, KV_CHOICES)
         ]
     candidates = [replace(c, config=c.config.with_changes(numa=numa)) for c in candidates]
@@ -223,6 +239,12 @@ def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) ->
         calibrated=bool(calibration),
         decode_efficiency=calibration.get("decode_efficiency", DECODE_EFFICIENCY),
         prefill_efficiency=calibration.get("prefill_efficiency", PREFILL_EFFICIENCY),
+        decode_overhead_s_per_layer=calibration.get("decode_overhead_s_per_layer", 0.0),
+        type_efficiency={
+            key.replace("_efficiency:", ":"): value
+            for key, value in calibration.items()
+            if "_efficiency:" in key and value > 0
+        },
     )
 
 
@@ -309,15 +331,24 @@ def _layer_counts(n_layers: int) -> list[int]:
     return [-1, *range(n_layers, 0, -step), 0]
 
 
-def _evaluate(spec: ModelSpec, machine: Machine, config: EngineConfig, margin: int) -> Candidate:
-    estimate = estimate_memory(spec, config, gpus=machine.gpus, repacked=machine.repacked)
+def _evaluate(
+    spec: ModelSpec,
+    machine: Machine,
+    config: EngineConfig,
+    margin: int,
+    pieces: Sequence[WeightPiece],
+) -> Candidate:
+    estimate = estimate_memory(
+        spec, config, gpus=machine.gpus, repacked=machine.repacked, pieces=pieces
+    )
     devices = _budgets(estimate, machine, margin)
     gpus_fit = all(d.free_bytes >= 0 for d in devices if d.device != CPU)
     cpu = next(d for d in devices if d.device == CPU)
     fits = gpus_fit and cpu.free_bytes >= 0
     # mmap can page weights in from disk when RAM is short, if everything else fits
     streams = gpus_fit and not fits and cpu.free_bytes + cpu.weights_bytes >= 0
-    speed = _speed(spec, machine, estimate, streams_from_disk=streams, ram=cpu.capacity_bytes)
+    work = token_work(spec, config, machine.gpus, pieces)
+    speed = _speed(spec, machine, estimate, work, streams_from_disk=streams, ram=cpu.capacity_bytes)
     return Candidate(config, devices, speed, fits, streams)
 
 
@@ -351,38 +382,166 @@ def _budgets(estimate: MemoryEstimate, machine: Machine, margin: int) -> tuple[D
     return tuple(budgets)
 
 
+@dataclass(frozen=True)
+class TokenWork:
+    """Per device and weight type: bytes a decoded token reads, weights a prompt token
+    multiplies; and the blocks each device runs."""
+
+    read_bytes: dict[str, dict[str, float]]
+    prefill_weights: dict[str, dict[str, float]]
+    layers: dict[str, int]
+
+
+def token_work(
+    spec: ModelSpec, config: EngineConfig, gpus: Sequence[str], pieces: Sequence[WeightPiece]
+) -> TokenWork:
+    """Decode reads every weight matrix once per token — only the used share of routed
+    experts, and of the input embeddings one row, unless they double as the output layer;
+    prefill multiplies the blocks' matrices for every prompt token (the output layer runs for
+    the last one only). The same rule as `kernels.engine_run.per_token_work`, placed."""
+    n_layers = spec.n_layers or len(spec.layers)
+    placement = LayerPlacement(n_layers, config, gpus)
+    used_share = spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0
+    read: dict[str, dict[str, float]] = {}
+    multiplied: dict[str, dict[str, float]] = {}
+    for piece in pieces:
+        embeddings = piece.name.startswith("token_embd")
+        if (embeddings and not spec.tied_embeddings) or (not embeddings and not piece.matmul):
+            continue
+        device = (
+            placement.device_of(n_layers)
+            if embeddings
+            else device_of_piece(piece, placement, config)
+        )
+        share = used_share if "_exps" in piece.name else 1.0
+        in_block = piece.layer is not None and piece.layer < n_layers
+        weights = piece.bytes * 8 / _piece_bits(piece, spec)
+        for type_name in piece.type_names:
+            _add(read, device, type_name, piece.bytes * share / len(piece.type_names))
+            if in_block and not embeddings:
+                _add(multiplied, device, type_name, weights * share / len(piece.type_names))
+    layers: dict[str, int] = {}
+    for index in range(n_layers):
+        device = placement.device_of(index)
+        layers[device] = layers.get(device, 0) + 1
+    return TokenWork(read, multiplied, layers)
+
+
+def _piece_bits(piece: WeightPiece, spec: ModelSpec) -> float:
+    """A tensor's bits per weight; for a spec's group of several types, its group's average
+    (`pieces_from_spec` names each group after one of its tensors)."""
+    if len(piece.type_names) == 1:
+        return _type_bits(piece.type_names[0])
+    group = _spec_group(spec, piece)
+    if group is not None and group.params:
+        return group.bytes * 8 / group.params
+    return spec.bits_per_weight or 8.0
+
+
+_GROUP_OF_TENSOR = {
+    "attn_q": "attention",
+    "ffn_up": "ffn",
+    "ffn_up_exps": "experts",
+    "ffn_up_shexp": "shared_experts",
+}
+
+
+def _spec_group(spec: ModelSpec, piece: WeightPiece) -> TensorGroup | None:
+    if piece.name.startswith("token_embd"):
+        return spec.embeddings
+    if piece.name.startswith("output."):
+        return spec.output
+    kind = piece.name.split(".")[-2] if piece.name.count(".") >= 2 else ""
+    if piece.layer is None or kind not in _GROUP_OF_TENSOR:
+        return None
+    layer = next((layer for layer in spec.layers if layer.index == piece.layer), None)
+    return getattr(layer, _GROUP_OF_TENSOR[kind]) if layer is not None else None
+
+
+def _add(table: dict[str, dict[str, float]], device: str, type_name: str, amount: float) -> None:
+    row = table.setdefault(device, {})
+    row[type_name] = row.get(type_name, 0.0) + amount
+
+
+def _type_bits(type_name: str) -> float:
+    try:
+        return type_bits(type_name)
+    except KeyError:  # a type this gguf package does not know: assume 8-bit
+        return 8.0
+
+
 def _speed(
     spec: ModelSpec,
     machine: Machine,
     estimate: MemoryEstimate,
+    work: TokenWork,
     *,
     streams_from_disk: bool,
     ram: int,
 ) -> SpeedEstimate:
+    """Decode: per tier, each weight type's bytes over the bandwidth its kernels reach, half
+    the KV cache on average, and on the CPU the fixed cost per layer and the logits."""
     unused_experts = 1.0 - (spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0)
     seconds_by_tier: dict[str, float] = {}
+    kv_seconds = 0.0
     for name, memory in estimate.devices.items():
-        weights_read = (
-            memory.weights_bytes
-            - memory.lookup_bytes
-            - memory.unread_bytes
-            - memory.expert_bytes * unused_experts
+        bandwidth = _bandwidth(machine, name)
+        weights = sum(
+            amount / (bandwidth * _efficiency(machine, "decode", type_name, name))
+            for type_name, amount in work.read_bytes.get(name, {}).items()
         )
-        seconds_by_tier[name] = (weights_read + memory.kv_bytes / 2) / _bandwidth(machine, name)
+        kv = memory.kv_bytes / 2 / (bandwidth * machine.decode_efficiency)
+        kv_seconds += kv
+        seconds_by_tier[name] = weights + kv
+    seconds_by_tier[CPU] = (
+        seconds_by_tier.get(CPU, 0.0)
+        + machine.decode_overhead_s_per_layer * work.layers.get(CPU, 0)
+        + logits_seconds(spec.vocab_size or 0, machine.cpu_bandwidth)
+    )
     if streams_from_disk:
         cpu = estimate.devices[CPU]
         missing_share = max(0, cpu.total_bytes - ram) / max(cpu.weights_bytes, 1)
         cpu_read = cpu.weights_bytes - cpu.expert_bytes * unused_experts
-        seconds_by_tier["disk"] = cpu_read * min(1.0, missing_share) / machine.disk_bandwidth
-    per_token = sum(seconds_by_tier.values()) / machine.decode_efficiency
-    decode = 1.0 / per_token if per_token else 0.0
-    prefill = _prefill_tps(spec, machine, estimate)
+        seconds_by_tier["disk"] = (
+            cpu_read * min(1.0, missing_share) / machine.disk_bandwidth / machine.decode_efficiency
+        )
+    per_token = sum(seconds_by_tier.values())
+    prefill = _prefill_tps(spec, machine, work)
     return SpeedEstimate(
         prefill_tps=prefill,
-        decode_tps=decode,
+        decode_tps=1.0 / per_token if per_token else 0.0,
         ttft_s=PROMPT_TOKENS_FOR_TTFT / prefill if prefill else float("inf"),
         decode_bound_by=max(seconds_by_tier, key=lambda tier: seconds_by_tier[tier]),
+        decode_tps_empty_context=1.0 / (per_token - kv_seconds) if per_token > kv_seconds else 0.0,
     )
+
+
+def logits_seconds(n_vocab: int, bandwidth: float) -> float:
+    """Each token's logits are written by llama.cpp and copied once by llama-cpp-python."""
+    return 2 * n_vocab * 4 / bandwidth
+
+
+def _efficiency(machine: Machine, kind: str, type_name: str, device: str) -> float:
+    """The share of `device`'s bandwidth (decode) or compute (prefill) the kernels for
+    `type_name` reach: calibrated for that type, else for the nearest calibrated type (same
+    repacking, then closest bits per weight), else the machine's overall figure."""
+    overall = machine.decode_efficiency if kind == "decode" else machine.prefill_efficiency
+    if device != CPU:
+        return overall if kind == "decode" else PREFILL_EFFICIENCY
+    exact = machine.type_efficiency.get(f"{kind}:{type_name}")
+    if exact:
+        return exact
+    known = [
+        (key.split(":", 1)[1], value)
+        for key, value in machine.type_efficiency.items()
+        if key.startswith(f"{kind}:")
+    ]
+    if not known:
+        return overall
+    repacked = type_name in machine.repacked
+    alike = [(t, value) for t, value in known if (t in machine.repacked) == repacked] or known
+    bits = _type_bits(type_name)
+    return min(alike, key=lambda item: abs(_type_bits(item[0]) - bits))[1]
 
 
 def _bandwidth(machine: Machine, device: str) -> float:
@@ -392,25 +551,29 @@ def _bandwidth(machine: Machine, device: str) -> float:
     return float(gpu.memory_bandwidth_bytes_per_s or machine.cpu_bandwidth)
 
 
-def _prefill_tps(spec: ModelSpec, machine: Machine, estimate: MemoryEstimate) -> float:
-    flops_per_token = 2 * (spec.active_params or spec.total_params or 1)
-    layers = {name: len(memory.layers) for name, memory in estimate.devices.items()}
-    n_layers = sum(layers.values()) or 1
+def _prefill_tps(spec: ModelSpec, machine: Machine, work: TokenWork) -> float:
+    """Prefill: per device, 2 FLOPs per multiplied weight over the compute its kernels reach
+    for that weight type."""
     seconds = 0.0
-    for name, count in layers.items():
-        seconds += (count / n_layers) * flops_per_token / _flops(machine, name)
-    return 1.0 / seconds if seconds else 0.0
+    for device, weights in work.prefill_weights.items():
+        peak = _peak_flops(machine, device)
+        for type_name, count in weights.items():
+            seconds += 2 * count / (peak * _efficiency(machine, "prefill", type_name, device))
+    if not seconds:  # a spec without block tensors: all its parameters, on the CPU
+        params = spec.active_params or spec.total_params or 1
+        seconds = 2 * params / (machine.cpu_flops * machine.prefill_efficiency)
+    return 1.0 / seconds
 
 
-def _flops(machine: Machine, device: str) -> float:
+def _peak_flops(machine: Machine, device: str) -> float:
     if device == CPU:
-        return machine.cpu_flops * machine.prefill_efficiency
+        return machine.cpu_flops
     gpu = machine.gpu_infos[machine.gpus.index(device)]
     from hearthside.core.probe.spec import load_catalog
 
     entry = next((e for e in load_catalog().values() if e.name == gpu.name), None)
     tflops = (entry.fp16_tflops or entry.bf16_tflops) if entry else None
-    return (tflops or 20.0) * 1e12 * PREFILL_EFFICIENCY
+    return (tflops or 20.0) * 1e12
 
 
 def _score(candidate: Candidate, goal: Goal) -> tuple[float, ...]:
@@ -533,3 +696,18 @@ def _nothing_fits(
             "context (--ctx), a smaller quant, or free GPU memory.",
         ),
     )
+
+
+def evaluate_config(
+    spec: ModelSpec,
+    profile: HardwareProfile,
+    config: EngineConfig,
+    calibration: dict[str, float] | None = None,
+    free_margin_bytes: int = DEFAULT_FREE_MARGIN_BYTES,
+    pieces: Sequence[WeightPiece] | None = None,
+) -> Candidate:
+    """One given config, sized and timed exactly as `plan` sizes its own candidates: what a
+    power user's manual override would do (fits or not, memory per device, predicted speed)."""
+    machine = describe_machine(profile, calibration or {})
+    pieces = pieces_from_spec(spec) if pieces is None else pieces
+    return _evaluate(spec, machine, config, free_margin_bytes, pieces)

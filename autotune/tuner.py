@@ -12,11 +12,14 @@ Progress goes to a listener (the CLI's progress line, the GUI wizard's chart).
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,10 +28,24 @@ from hearthside.autotune.capacity import CapacityAudit, audit_context
 from hearthside.autotune.fingerprint import TuningKey, machine_identity, tuning_key
 from hearthside.autotune.planner import Goal, Plan, plan
 from hearthside.autotune.recipes import sync_recipes
+from hearthside.autotune.speculative import (
+    DraftOption,
+    SpeculationDecision,
+    Trial,
+    VerifyCost,
+    Workload,
+    WorkloadPrompt,
+    decide_for_workload,
+    describe,
+    load_workloads,
+    relative_draft_cost,
+    speculative_key,
+)
 from hearthside.autotune.wisdom import Rigor, RunRecord, WisdomDB, config_key
-from hearthside.core.engine.bench import run_bench
-from hearthside.core.engine.config import EngineConfig
-from hearthside.core.engine.engine import Engine
+from hearthside.core.engine.bench import measure_verify_cost, run_bench
+from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
+from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
+from hearthside.core.engine.speculative import SpeculationStats, merge_stats
 from hearthside.core.errors import EngineError, EngineLoadError
 from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
@@ -60,6 +77,7 @@ class TuneEvent:
     decode_tps: float | None = None
     prefill_tps: float | None = None
     message: str = ""
+    workload: str | None = None  # set for speculative-decoding measurements
 
 
 Listener = Callable[[TuneEvent], None]
@@ -74,6 +92,7 @@ class TuneResult:
     runs: tuple[RunRecord, ...]
     plan: Plan
     audit: CapacityAudit | None = None  # of the winner's context
+    speculation: tuple[SpeculationDecision, ...] = ()  # one per workload, measured on the winner
 
     @property
     def speedup(self) -> float | None:
@@ -130,13 +149,26 @@ def tune(
     wisdom: WisdomDB | None = None,
     listener: Listener | None = None,
     cancel: threading.Event | None = None,
+    save_default: bool = True,
+    speculation: bool = True,
+    drafts: Sequence[Path] = (),
+    workloads: Sequence[Workload] | None = None,
 ) -> TuneResult:
-    """Measure candidates until `budget_s` runs out; store runs, efficiency and the winner."""
+    """Measure candidates until `budget_s` runs out; store runs, efficiency and the winner.
+
+    With `speculation`, the last `SPECULATION_SHARE` of the budget measures speculative
+    decoding on the winner, per workload (prompt lookup, and each of `drafts`: smaller models
+    with the same vocabulary); the chat workload's choice goes into the saved default, every
+    workload's into its own default (`speculative_key`). `workloads` defaults to the shipped
+    ones (`assets/speculative_prompts.json`). With `save_default=False` nothing is saved as a
+    default (the wizard saves on Apply); runs are always recorded.
+    """
     notify = listener or (lambda _event: None)
     stop = cancel or threading.Event()
     owned = wisdom is None
     db = wisdom or WisdomDB()
     try:
+        started = time.monotonic()
         key = tuning_key(profile, model_path)
         db.note_machine(key.machine, machine_identity(profile))
         sync_recipes(db)
@@ -146,7 +178,8 @@ def tune(
         base = replace(planned.config, model_path=str(model_path))
         baseline_config = llama_cpp_python_defaults(str(model_path))
         queue = [baseline_config, *candidates(base, profile)]
-        deadline = time.monotonic() + budget_s
+        share = 1.0 - SPECULATION_SHARE if speculation else 1.0
+        deadline = started + budget_s * share
         runs: list[RunRecord] = []
         for index, config in enumerate(queue, start=1):
             if stop.is_set() or (runs and time.monotonic() > deadline):
@@ -157,16 +190,58 @@ def tune(
         baseline = next((r for r in runs if _same(r.config, baseline_config)), None)
         tuned = [r for r in runs if r is not baseline and r.outcome == "ok"]
         best = max(tuned, key=lambda run: _goal_score(run, goal), default=None)
+        decisions: tuple[SpeculationDecision, ...] = ()
+        if best is not None and speculation and not stop.is_set():
+            decisions = decide_speculation(
+                db,
+                key,
+                model_path,
+                best.config,
+                rigor=rigor,
+                deadline=started + budget_s,
+                drafts=drafts,
+                workloads=workloads,
+                listener=notify,
+                cancel=stop,
+                first_index=len(queue) + 1,
+            )
         audit = None
         if best is not None:
-            db.set_default(key, best.config, goal, run_id=best.id)
+            if save_default:
+                _save_defaults(db, key, best, goal, decisions)
             if not stop.is_set():
                 audit = _audit(db, key, model_path, best)
         notify(TuneEvent("done", len(queue), len(queue), best.config if best else {}))
-        return TuneResult(key, goal, best, baseline, tuple(runs), planned, audit)
+        return TuneResult(key, goal, best, baseline, tuple(runs), planned, audit, decisions)
     finally:
         if owned:
             db.close()
+
+
+def save_tuned_defaults(db: WisdomDB, result: TuneResult) -> bool:
+    """What `tune(save_default=True)` saves, for a caller that tuned with False (the wizard,
+    on Apply). False when there was no winner to save."""
+    if result.best is None:
+        return False
+    _save_defaults(db, result.key, result.best, result.goal, result.speculation)
+    return True
+
+
+def _save_defaults(
+    db: WisdomDB,
+    key: TuningKey,
+    best: RunRecord,
+    goal: Goal,
+    decisions: Sequence[SpeculationDecision],
+) -> None:
+    """The winner as the model's default (with the chat workload's speculation), and each
+    workload's speculative choice as that workload's default."""
+    chosen = {decision.workload: asdict(decision.chosen) for decision in decisions}
+    default = {**best.config, "speculative": chosen.get("chat", best.config.get("speculative"))}
+    db.set_default(key, default, goal, run_id=best.id)
+    for workload, speculative in chosen.items():
+        workload_config = {**best.config, "speculative": speculative}
+        db.set_default(speculative_key(key, workload), workload_config, goal)
 
 
 def _audit(db: WisdomDB, key: TuningKey, model_path: Path, best: RunRecord) -> CapacityAudit:
@@ -315,3 +390,244 @@ def _unique(configs: Iterable[EngineConfig]) -> list[EngineConfig]:
             seen.add(marker)
             unique.append(config)
     return unique
+
+
+# ---- speculative decoding, measured on the winner ------------------------------------------
+
+SPECULATION_SHARE = 0.35  # of the budget kept for speculative decoding
+_TRIALS_PER_WORKLOAD = 3  # reference, probe, the cost model's pick: for progress totals
+
+
+def decide_speculation(
+    db: WisdomDB,
+    key: TuningKey,
+    model_path: Path,
+    config: dict[str, Any],
+    *,
+    rigor: Rigor = "quick",
+    deadline: float | None = None,
+    drafts: Sequence[Path] = (),
+    workloads: Sequence[Workload] | None = None,
+    listener: Listener | None = None,
+    cancel: threading.Event | None = None,
+    first_index: int = 1,
+) -> tuple[SpeculationDecision, ...]:
+    """For each workload, measure speculative decoding on `config` and decide (see
+    autotune/speculative.py); runs are recorded under `speculative_key(key, workload)`.
+    `deadline` is a `time.monotonic()` value; None means no limit."""
+    search = _SpeculationSearch(
+        db,
+        key,
+        model_path,
+        config,
+        rigor,
+        listener or (lambda _event: None),
+        cancel or threading.Event(),
+    )
+    return search.run(
+        math.inf if deadline is None else deadline,
+        drafts,
+        workloads=tuple(workloads) if workloads is not None else load_workloads(),
+        first_index=first_index,
+    )
+
+
+class _SpeculationSearch:
+    """Measures speculative settings on the winning config, workload by workload.
+
+    Runs go to the wisdom DB under the workload's own key (`speculative_key`), so they never
+    mix with the llama-bench runs of the model; failures are kept and not retried, and a run
+    measured before at least as rigorously answers again. The engine loads only if something
+    needs measuring.
+    """
+
+    def __init__(
+        self,
+        db: WisdomDB,
+        key: TuningKey,
+        model_path: Path,
+        config: dict[str, Any],
+        rigor: Rigor,
+        notify: Listener,
+        stop: threading.Event,
+    ) -> None:
+        self.db, self.key, self.model_path, self.rigor = db, key, model_path, rigor
+        self.notify, self.stop = notify, stop
+        values = {**config, "model_path": str(model_path), "speculative": {}}
+        self.config = EngineConfig.from_dict(values)
+        self._engine: Engine | None = None
+        self._verify: VerifyCost | None = None
+        self._index = 0
+        self._total = 0
+
+    def run(
+        self,
+        deadline: float,
+        drafts: Sequence[Path],
+        *,
+        workloads: Sequence[Workload],
+        first_index: int,
+    ) -> tuple[SpeculationDecision, ...]:
+        self._index = first_index - 1
+        self._total = self._index + _TRIALS_PER_WORKLOAD * len(workloads)
+        options = [self._draft_option(path) for path in drafts]
+
+        def out_of_time() -> bool:
+            return self.stop.is_set() or time.monotonic() > deadline
+
+        try:
+            return tuple(
+                decide_for_workload(
+                    workload,
+                    self._measure,
+                    verify_cost=self._verify_cost,
+                    drafts=options,
+                    out_of_time=out_of_time,
+                )
+                for workload in workloads
+            )
+        finally:
+            if self._engine is not None:
+                self._engine.close()
+
+    def _draft_option(self, path: Path) -> DraftOption:
+        cost = relative_draft_cost(path.stat().st_size, self.model_path.stat().st_size)
+        return DraftOption(str(path), cost)
+
+    def _measure(self, speculative: SpeculativeConfig, workload: Workload) -> Trial | None:
+        settings = self.config.with_changes(speculative=speculative).to_dict()
+        key = speculative_key(self.key, workload.id)
+        self._index += 1
+        self._total = max(self._total, self._index)
+        event = partial(
+            TuneEvent,
+            index=self._index,
+            total=self._total,
+            config=settings,
+            workload=workload.id,
+        )
+        what = f"{workload.title}: {describe(speculative)}"
+        if (failure := self.db.known_failure(key, settings)) is not None:
+            self.notify(event("skipped", message=f"{what} failed before ({failure.outcome})"))
+            return None
+        if (known := self.db.lookup(key, settings, self.rigor)) is not None:
+            self.notify(event("reused", decode_tps=known.decode_tps, message=what))
+            return self._trial(known, speculative)
+        self.notify(event("start", message=what))
+        run = self.db.record_run(self._measured_run(key, settings, speculative, workload))
+        if run.outcome != "ok":
+            self.notify(event("failed", message=f"{what}: {run.error or run.outcome}"))
+            return None
+        self.notify(
+            event("measured", decode_tps=run.decode_tps, prefill_tps=run.prefill_tps, message=what)
+        )
+        return self._trial(run, speculative)
+
+    def _measured_run(
+        self,
+        key: TuningKey,
+        settings: dict[str, Any],
+        speculative: SpeculativeConfig,
+        workload: Workload,
+    ) -> RunRecord:
+        try:
+            engine = self._loaded()
+            engine.set_speculative(speculative)
+            thorough = self.rigor == "thorough"
+            prompts = workload.prompts if thorough else workload.prompts[:1]
+            pairs = [
+                _paired_runs(engine, workload, prompt)
+                for _ in range(2 if thorough else 1)
+                for prompt in prompts
+            ]
+        except EngineError as exc:
+            return RunRecord(key, settings, self.rigor, _failure_kind(exc), error=exc.message)
+        metrics = [result.metrics for result, _reference in pairs]
+        stats = merge_stats([m.speculative for m in metrics if m.speculative is not None])
+        return RunRecord(
+            key,
+            settings,
+            self.rigor,
+            "ok",
+            prefill_tps=_median([m.prompt_tok_s for m in metrics]),
+            decode_tps=_median([m.decode_tok_s for m in metrics]),
+            ttft_s=_median([m.ttft_s for m in metrics]),
+            predicted={
+                "speculation": stats.to_dict() if stats else None,
+                "paired_gain": _paired_gain(pairs),
+                "verify_cost": self._verify.to_dict() if self._verify else None,
+            },
+        )
+
+    def _trial(self, run: RunRecord, speculative: SpeculativeConfig) -> Trial | None:
+        if not run.decode_tps:
+            return None
+        extra = run.predicted or {}
+        if self._verify is None and extra.get("verify_cost"):
+            points = extra["verify_cost"]["points"]
+            self._verify = VerifyCost(tuple((int(n), float(t)) for n, t in points))
+        stats = extra.get("speculation")
+        return Trial(
+            speculative,
+            run.decode_tps,
+            SpeculationStats(**stats) if stats else None,
+            gain=extra.get("paired_gain"),
+        )
+
+    def _loaded(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(self.config)
+            _warm_up_engine(self._engine)
+        return self._engine
+
+    def _verify_cost(self) -> VerifyCost:
+        if self._verify is None:
+            engine = self._loaded()
+            engine.set_speculative(SpeculativeConfig())
+            timings = measure_verify_cost(engine)
+            single = timings[0][1]
+            self._verify = VerifyCost(tuple((n, seconds / single) for n, seconds in timings))
+        return self._verify
+
+
+def _run_workload_prompt(
+    engine: Engine, workload: Workload, prompt: WorkloadPrompt
+) -> GenerationResult:
+    sampling = SamplingParams(
+        temperature=workload.temperature, seed=workload.seed, max_tokens=workload.max_tokens
+    )
+    if engine.model_info.chat_template and prompt.messages:
+        messages = [ChatMessage(role, content) for role, content in prompt.messages]
+        return engine.chat(messages, sampling)
+    return engine.generate(engine.tokenize_prompt(prompt.completion), sampling)
+
+
+def _paired_runs(
+    engine: Engine, workload: Workload, prompt: WorkloadPrompt
+) -> tuple[GenerationResult, GenerationResult | None]:
+    """The prompt with the engine's speculation and, right before it, without (when on), so
+    a shared machine's slow moments hit both alike."""
+    if engine.draft is None:
+        return _run_workload_prompt(engine, workload, prompt), None
+    with engine.speculation_paused():
+        reference = _run_workload_prompt(engine, workload, prompt)
+    return _run_workload_prompt(engine, workload, prompt), reference
+
+
+def _paired_gain(pairs: Sequence[tuple[GenerationResult, GenerationResult | None]]) -> float | None:
+    ratios = [
+        result.metrics.decode_tok_s / reference.metrics.decode_tok_s
+        for result, reference in pairs
+        if reference is not None and result.metrics.decode_tok_s and reference.metrics.decode_tok_s
+    ]
+    return statistics.median(ratios) if ratios else None
+
+
+def _warm_up_engine(engine: Engine) -> None:
+    """Touch every weight once, so the first measured run does not pay for page faults."""
+    engine.generate(engine.tokenize_prompt("Hello"), SamplingParams(temperature=0, max_tokens=8))
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None

@@ -1,11 +1,12 @@
 """`run_calibration`: every kernel on this machine, within a time budget, with progress.
 
-Groups run in order of what the planner needs most: CPU memory bandwidth, the engine
-micro-run, the disk, CPU matmul, then the GPUs. Each group gets a share of the budget in
-proportion to its weight, and time a group saves flows to the ones after it. The kernels plan
-to finish by PLANNING_SHARE of the budget (a kernel always completes its minimum repetitions,
-so they overrun a little on a busy machine); anything still waiting at HARD_SHARE of the
-budget is reported as skipped rather than run.
+Groups run in order of what the planner needs most: CPU memory bandwidth, the engine micro-run
+on the shipped model, the disk, CPU matmul, the engine's speed probes (synthetic models that
+separate fixed and per-quant-type costs), then the GPUs. Each group gets a share of the budget
+in proportion to its weight, and time a group saves flows to the ones after it. The kernels
+plan to finish by PLANNING_SHARE of the budget (a kernel always completes its minimum
+repetitions, so they overrun a little on a busy machine); anything still waiting at HARD_SHARE
+of the budget is reported as skipped rather than run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from hearthside.core.probe.spec import CatalogGpu, load_catalog
 from hearthside.kernels import gpu as gpu_kernels
 from hearthside.kernels.anomalies import find_anomalies, pcie_gb_s
 from hearthside.kernels.disk import FILE_BYTES, QUICK_FILE_BYTES, disk_label, measure_disk_read
-from hearthside.kernels.engine_run import backends_for, engine_weight, measure_engine
+from hearthside.kernels.engine_run import (
+    backends_for,
+    engine_weight,
+    measure_engine,
+    measure_probes,
+    speed_probes,
+)
 from hearthside.kernels.matmul import (
     CPU_SHAPES,
     NUMPY_DTYPES,
@@ -53,7 +60,7 @@ from hearthside.kernels.memory import (
 from hearthside.kernels.results import SCHEMA_VERSION, CalibrationReport, hearthside_version
 from hearthside.kernels.torch_support import cpu_device, gpu_devices, import_torch
 
-DEFAULT_BUDGET_S = 30.0
+DEFAULT_BUDGET_S = 45.0
 QUICK_BUDGET_S = 8.0
 PLANNING_SHARE = 0.85
 # Past this share of the budget the remaining kernels are skipped; the rest of the budget is
@@ -66,6 +73,7 @@ MEMORY_WEIGHT = 6.0
 QUICK_MEMORY_WEIGHT = 3.0
 ENGINE_WEIGHT_PER_BACKEND = 6.0
 QUICK_ENGINE_WEIGHT_PER_BACKEND = 9.0
+ENGINE_WEIGHT_PER_PROBE = 4.0  # writing, loading and timing one synthetic speed probe
 DISK_WEIGHT = 3.0
 QUICK_DISK_WEIGHT = 1.5
 CPU_MATMUL_WEIGHT = 6.0
@@ -200,6 +208,8 @@ def _groups(settings: _Settings, torch: _TorchOnDemand) -> list[_Group]:
     engine_backends = backends_for(
         settings.profile.engine.devices if settings.profile.engine else ()
     )
+    # --quick keeps to the shipped model; the probes are what a full calibration adds
+    probes = [] if quick else speed_probes(cpu.l3_cache_bytes)
     gpu_count = len(settings.profile.gpus)
     return [
         _Group(
@@ -233,6 +243,16 @@ def _groups(settings: _Settings, torch: _TorchOnDemand) -> list[_Group]:
             QUICK_CPU_MATMUL_WEIGHT if quick else CPU_MATMUL_WEIGHT,
             _cpu_matmul_weight(quick),
             lambda budget, step: _cpu_matmul(settings, torch, budget, step),
+        ),
+        # after the GEMM the prefill figures need: on a slow machine the probes, which only
+        # refine the engine's figures, are what the budget skips
+        _Group(
+            "engine probes",
+            len(probes) * ENGINE_WEIGHT_PER_PROBE,
+            engine_weight((), probes) or 1,
+            lambda budget, step: measure_probes(
+                probes, quick=quick, budget=budget, warmup_s=settings.warmup_s, step=step
+            ),
         ),
         _Group(
             "gpu",

@@ -5,22 +5,32 @@ It times llama_decode on random tokens as `hearthside bench` does (`Engine.time_
 `Engine.time_decode`: no tokenizing, no sampling), with a small context so it loads fast. The
 engine is private to the calibration and closed before it returns; the app's EngineService
 engine is not touched.
+
+Speed probes: one model cannot tell apart the costs that make llama.cpp slower than the raw
+bandwidth — a fixed cost per layer and token (graph, thread barriers), and kernels that do
+more work per byte for some quant types (K-quants dequantize more than Q8_0; AVX2 repacks
+Q4_0 into a faster layout). So the CPU also runs synthetic probes written for the occasion
+(`speed_probes`): a tiny model whose time is nearly all fixed cost, and one model per quant
+type, bigger than the CPU caches. Each measurement carries what one token reads and computes
+(`per_token_work`), so the figures can be fitted after the probe files are gone.
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from hearthside.core.engine.config import EngineConfig
-from hearthside.core.engine.engine import Engine
 from hearthside.core.errors import HearthsideError
+from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
 from hearthside.core.probe.profile import EngineDevice
 from hearthside.kernels.measurement import (
     MIN_REPETITIONS,
@@ -30,6 +40,10 @@ from hearthside.kernels.measurement import (
     Samples,
     measure_until_stable,
 )
+from hearthside.kernels.synthetic_model import SyntheticShape, write_uniform_gguf
+
+if TYPE_CHECKING:
+    from hearthside.core.engine.engine import Engine
 
 N_PROMPT = 128
 N_GEN = 32
@@ -77,9 +91,147 @@ def backends_for(devices: Sequence[EngineDevice]) -> list[EngineBackend]:
     return backends
 
 
-def engine_weight(backends: Sequence[EngineBackend]) -> int:
-    """`Budget` shares the micro-runs take: one for loading, one per measurement."""
-    return 3 * len(backends)
+def engine_weight(backends: Sequence[EngineBackend], probes: Sequence[SpeedProbe] = ()) -> int:
+    """`Budget` shares the micro-runs take: one for loading (and writing a probe), one per
+    measurement."""
+    return 3 * len(backends) + 3 * len(probes)
+
+
+# --- speed probes ------------------------------------------------------------------------------
+
+OVERHEAD_PROBE = "overhead"
+PROBE_TYPES = ("Q8_0", "Q4_0", "Q2_K")  # plain 8-bit, repacked on AVX2/NEON, a K-quant
+PROBE_LAYERS = 8
+MIN_PROBE_BYTES = 128 << 20
+MAX_PROBE_BYTES = 384 << 20
+PROBE_CACHE_MULTIPLE = 5  # weights this many times the last-level cache come from RAM
+
+
+@dataclass(frozen=True)
+class SpeedProbe:
+    name: str  # OVERHEAD_PROBE or the quant type
+    type_name: str
+    shape: SyntheticShape
+
+
+def speed_probes(cache_bytes: int | None) -> list[SpeedProbe]:
+    """The tiny overhead probe and one llama-shaped probe per PROBE_TYPES type, each reading
+    about PROBE_CACHE_MULTIPLE x the cache per token (within MIN/MAX_PROBE_BYTES)."""
+    target = min(MAX_PROBE_BYTES, max(MIN_PROBE_BYTES, PROBE_CACHE_MULTIPLE * (cache_bytes or 0)))
+    # 16 layers of 64-wide blocks: almost no bytes, all the per-layer graph work
+    tiny = SyntheticShape("llama", 16, 64, 2, 1, 256, n_vocab=512)
+    probes = [SpeedProbe(OVERHEAD_PROBE, "Q8_0", tiny)]
+    probes += [SpeedProbe(name, name, _probe_shape(name, target)) for name in PROBE_TYPES]
+    return probes
+
+
+def _probe_shape(type_name: str, target_bytes: int) -> SyntheticShape:
+    """A dense llama shape whose weights in `type_name` come to about `target_bytes`: per layer
+    q and o (E x E), k and v (E x E/4) and an FFN of 3 x E x 4E, so 14.5 E^2 weights."""
+    bits = type_bits(type_name)
+    weights = target_bytes * 8 / bits / PROBE_LAYERS
+    width = max(256, round((weights / 14.5) ** 0.5 / 256) * 256)  # K-quant rows: 256 values
+    heads = width // 64
+    return SyntheticShape("llama", PROBE_LAYERS, width, heads, max(1, heads // 4), 4 * width)
+
+
+def type_bits(type_name: str) -> float:
+    """Bits per weight of a ggml type (Q4_0: 4.5, Q2_K: 2.625, F16: 16)."""
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    return size * 8 / block
+
+
+def per_token_work(info: GGUFInfo) -> dict[str, int]:
+    """What one token costs, by ggml type, as flat measurement params: "read_bytes:<type>",
+    the bytes of weights decode reads (every matrix but the input embeddings, which it looks
+    up a row of — unless they double as the output layer), "prefill_weights:<type>", the
+    weights prefill multiplies per prompt token (the blocks'; the output layer runs for the
+    last token only), "n_layers" and "n_vocab". Routed experts count at their used share."""
+    names = {tensor.name for tensor in info.tensors}
+    tied = "output.weight" not in names
+    used_share = _used_expert_share(info)
+    read: dict[str, int] = {}
+    multiplied: dict[str, int] = {}
+    for tensor in info.tensors:
+        if len(tensor.shape) < 2 or not tensor.name.endswith(".weight"):
+            continue
+        share = used_share if "_exps" in tensor.name else 1.0
+        if tensor.name.startswith("token_embd") and not tied:
+            continue
+        read[tensor.type_name] = read.get(tensor.type_name, 0) + round(tensor.n_bytes * share)
+        if tensor.name.startswith("blk."):
+            params = round(tensor.n_elements * share)
+            multiplied[tensor.type_name] = multiplied.get(tensor.type_name, 0) + params
+    layers = {int(m.group(1)) for t in info.tensors if (m := _BLOCK.match(t.name))}
+    return {
+        "n_layers": len(layers),
+        "n_vocab": _vocab_size(info),
+        **{f"{READ_BYTES}:{name}": amount for name, amount in read.items()},
+        **{f"{PREFILL_WEIGHTS}:{name}": amount for name, amount in multiplied.items()},
+    }
+
+
+READ_BYTES = "read_bytes"
+PREFILL_WEIGHTS = "prefill_weights"
+
+
+def work_by_type(params: dict[str, Any], prefix: str) -> dict[str, int]:
+    """{type: amount} of one `per_token_work` quantity found in measurement params."""
+    return {
+        key.split(":", 1)[1]: int(value)
+        for key, value in params.items()
+        if key.startswith(prefix + ":")
+    }
+
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def _used_expert_share(info: GGUFInfo) -> float:
+    arch = info.architecture or ""
+    total = info.metadata.get(f"{arch}.expert_count")
+    used = info.metadata.get(f"{arch}.expert_used_count")
+    if isinstance(total, int) and isinstance(used, int) and total > 0:
+        return used / total
+    return 1.0
+
+
+def _vocab_size(info: GGUFInfo) -> int:
+    embeddings = next((t for t in info.tensors if t.name == "token_embd.weight"), None)
+    return embeddings.shape[1] if embeddings is not None and len(embeddings.shape) > 1 else 0
+
+
+def measure_probes(
+    probes: Sequence[SpeedProbe],
+    *,
+    quick: bool,
+    budget: Budget,
+    warmup_s: float,
+    step: StepCallback | None = None,
+) -> list[Measurement]:
+    """Write each probe to a temporary folder, measure it on the CPU, delete it."""
+    measurements: list[Measurement] = []
+    cpu = EngineBackend("cpu", n_gpu_layers=0)
+    with tempfile.TemporaryDirectory(prefix="hearthside-probe-") as folder:
+        for done, probe in enumerate(probes):
+            if budget.expired():
+                measurements += _tagged(not_measured(SKIPPED_NOTE), probe, {})
+                continue
+            if step is not None:
+                step(f"engine probe {probe.name}", done / max(1, len(probes)))
+            path = Path(folder) / f"probe-{probe.name.lower()}.gguf"
+            write_uniform_gguf(path, probe.shape, probe.type_name)
+            work = per_token_work(validate_gguf(path))
+            runs = measure_backend(path, cpu, quick=quick, budget=budget, warmup_s=warmup_s)
+            measurements += _tagged(runs, probe, work)
+            path.unlink(missing_ok=True)
+    return measurements
+
+
+def _tagged(
+    measurements: list[Measurement], probe: SpeedProbe, work: dict[str, int]
+) -> list[Measurement]:
+    return [replace(m, params={**m.params, "probe": probe.name, **work}) for m in measurements]
 
 
 def not_measured(note: str, device: str = "cpu") -> list[Measurement]:
@@ -119,6 +271,8 @@ def measure_backend(
     budget: Budget,
     warmup_s: float,
 ) -> list[Measurement]:
+    from hearthside.core.engine.engine import Engine  # llama.cpp loads only when a run starts
+
     budget.take()  # the load's share
     config = EngineConfig(
         model_path=str(model_path),
@@ -226,4 +380,5 @@ def _params(engine: Engine, backend: EngineBackend) -> dict[str, Any]:
         "model_path": str(engine.model_path),
         "model_bytes": engine.model_path.stat().st_size,
         "n_gpu_layers": backend.n_gpu_layers,
+        **per_token_work(validate_gguf(engine.model_path)),
     }

@@ -4,6 +4,10 @@ Starting and stopping run on a worker thread (uvicorn needs a moment to bind), s
 never freezes. While the API is on, the switch shows its URL and key with copy buttons and
 how many requests it has answered. The key is the same per-install key `hearthside serve`
 uses; the chosen port is remembered in `gui_api.json` in the data dir.
+
+When the loaded model is a remote server, the API is a proxy over it (the server app passes
+requests on) and clients see the remote's own model id. The API server (FastAPI, uvicorn) is
+imported when the switch is first turned on, not when the window is built.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import logging
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication
@@ -24,12 +29,12 @@ from PySide6.QtWidgets import (
 )
 
 from hearthside.app.gui.workers import BackgroundTask, run_in_background
-from hearthside.core.engine.service import EngineService
-from hearthside.core.errors import HearthsideError
+from hearthside.core.errors import EngineError, HearthsideError
 from hearthside.core.paths import data_dir, make_private_file
-from hearthside.core.server.app import ServerSettings
-from hearthside.core.server.controller import ServerController, ServerStartError
-from hearthside.core.server.keys import load_or_create_api_key
+
+if TYPE_CHECKING:
+    from hearthside.core.engine.service import EngineService
+    from hearthside.core.server.controller import ServerController
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +104,10 @@ def save_port(port: int) -> None:
 
 def start_api(service: EngineService, port: int) -> ServerController:
     """Build and start the server; returns once it accepts connections."""
+    from hearthside.core.server.app import ServerSettings
+    from hearthside.core.server.controller import ServerController
+    from hearthside.core.server.keys import load_or_create_api_key
+
     settings = ServerSettings(
         port=port,
         api_key=load_or_create_api_key(data_dir() / KEY_FILE_NAME),
@@ -110,8 +119,11 @@ def start_api(service: EngineService, port: int) -> ServerController:
 
 
 def served_model_id(service: EngineService) -> str:
+    """The file's stem for a local model, the server's own model id for a remote one."""
+    from hearthside.app.serve_cli import served_model_id as model_id_for
+
     config = service.loaded_config
-    return Path(config.model_path).stem if config is not None else "default"
+    return model_id_for(config) if config is not None else "default"
 
 
 def masked(key: str) -> str:
@@ -119,6 +131,8 @@ def masked(key: str) -> str:
 
 
 def plain_error(error: BaseException, port: int) -> str:
+    from hearthside.core.server.controller import ServerStartError
+
     if isinstance(error, ServerStartError):
         return (
             f"The API could not start on port {port}: another program is probably using it. "
@@ -138,7 +152,7 @@ class ApiSwitch(QWidget):
 
     state_changed = Signal(bool)
 
-    def __init__(self, service: EngineService, parent: QWidget | None = None) -> None:
+    def __init__(self, service: EngineService | None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._service = service
         self._controller: ServerController | None = None
@@ -152,6 +166,10 @@ class ApiSwitch(QWidget):
         self._show_state(SwitchState.OFF)
 
     # -- public --
+
+    def attach_service(self, service: EngineService) -> None:
+        """The engine to serve (the app starts it after the window is shown)."""
+        self._service = service
 
     @property
     def running(self) -> bool:
@@ -283,12 +301,21 @@ class ApiSwitch(QWidget):
 
     def _start(self) -> None:
         port = self.port_box.value()
+        service = self._service
+        if service is None:
+            self._show_state(SwitchState.OFF)
+            self.error_label.setText(
+                EngineError(
+                    "The engine is still starting.", hint="Turn the API on again in a moment."
+                ).user_text()
+            )
+            return
         save_port(port)
         self.error_label.clear()
         self._abandoned_start = False
         self._show_state(SwitchState.STARTING)
         self._task = run_in_background(
-            lambda: start_api(self._service, port), self._on_started, self._on_start_failed
+            lambda: start_api(service, port), self._on_started, self._on_start_failed
         )
 
     def _on_started(self, controller: ServerController) -> None:

@@ -8,6 +8,12 @@ Only one app runs per user and data dir (`single_instance`): a second launch rai
 window and exits. The window and the engine module are imported inside `HearthsideApp`, after
 that check, so a second launch never pays for them.
 
+The window is shown before the engine exists: importing the engine (llama_cpp, numpy) and the
+model store takes seconds on a slow machine, so `HearthsideApp` builds the window without an
+EngineService, and once the window has been painted it imports and starts the engine, attaches
+it and starts loading the model. Nothing imported before the first paint may import the
+engine, the API server or the HTTP client at module level.
+
 Two hooks for tests and benchmarks, invisible to users:
 - `HEARTHSIDE_STARTUP_MARKER=PATH` appends `<event> <unix time>` lines to PATH: `qt-ready`
   (QApplication made), `window-built` (the window and engine thread exist), `shown` when the
@@ -24,7 +30,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,18 +40,18 @@ from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QMessageBox, QStyleFactory
 
 from hearthside.app.gui.icons import app_icon
-from hearthside.app.gui.model_loader import LoadOptions
 from hearthside.app.gui.single_instance import ActivationRequest, claim_instance, instance_key
 from hearthside.app.gui.window_state import APPLICATION, ORGANIZATION
 from hearthside.app.gui_cli import ALREADY_RUNNING_NOTICE
 from hearthside.app.launcher import APP_ID
 from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import data_dir
-from hearthside.core.settings import Settings
 
 if TYPE_CHECKING:
     from hearthside.app.gui.main_window import MainWindow
+    from hearthside.app.gui.model_loader import LoadOptions
     from hearthside.core.engine.engine import GenerationResult
+    from hearthside.core.engine.service import EngineService
 
 ENGINE_STOP_TIMEOUT_S = 10.0
 STARTUP_MARKER_ENV = "HEARTHSIDE_STARTUP_MARKER"
@@ -54,12 +60,20 @@ SMOKE_MAX_TOKENS = 24
 SMOKE_TIMEOUT_MS = 10 * 60 * 1000  # a first run installs the default model first
 SMOKE_POLL_MS = 250
 SIGNAL_CHECK_MS = 500
+# Starts the engine even if no paint event ever arrives (a window shown minimised).
+ENGINE_START_FALLBACK_MS = 1000
+
+
+def _default_load_options() -> LoadOptions:
+    from hearthside.app.gui.model_loader import LoadOptions
+
+    return LoadOptions()
 
 
 @dataclass(frozen=True)
 class GuiOptions:
     model: str = "default"
-    load: LoadOptions = field(default_factory=LoadOptions)
+    load: LoadOptions = field(default_factory=_default_load_options)
     probe_command: tuple[str, ...] | None = None  # replaces the hardware probe's command line
     probe_on_start: bool = True
     smoke: bool = False  # send one prompt, print the reply, quit
@@ -141,17 +155,21 @@ def mark_startup_event(event: str, path: str | None = None) -> None:
 
 
 class _FirstPaintWatcher(QObject):
-    """Marks `shown` when the window is first painted: the user can see it from then on."""
+    """Marks `shown` when the window is first painted (the user can see it from then on) and
+    calls `on_shown` once that paint is done."""
 
-    def __init__(self, window: QObject) -> None:
+    def __init__(self, window: QObject, on_shown: Callable[[], None] | None = None) -> None:
         super().__init__(window)
         self._window = window
+        self._on_shown = on_shown
         window.installEventFilter(self)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt's name)
         if watched is self._window and event.type() == QEvent.Type.Paint:
             self._window.removeEventFilter(self)
             mark_startup_event("shown")
+            if self._on_shown is not None:
+                QTimer.singleShot(0, self, self._on_shown)  # after this paint has finished
         return False
 
 
@@ -163,30 +181,38 @@ class HearthsideApp(QObject):
 
     def __init__(self, app: QApplication, options: GuiOptions) -> None:
         super().__init__()
-        # Imported here, not at the top: a second launch stops before needing them.
+        # Imported here, not at the top: a second launch stops before needing it.
         from hearthside.app.gui.main_window import MainWindow
-        from hearthside.core.engine.service import EngineService
 
         self.app = app
         self.options = options
-        self.service = EngineService(max_queue=Settings().max_queue).start()
-        try:
-            self.window: MainWindow = MainWindow(
-                self.service, load_options=options.load, probe_command=options.probe_command
-            )
-        except BaseException:
-            self.service.stop()
-            raise
+        self.service: EngineService | None = None  # started once the window is on screen
+        self.window: MainWindow = MainWindow(
+            None, load_options=options.load, probe_command=options.probe_command
+        )
         self.window.apply_theme(os_prefers_dark(app))
         app.styleHints().colorSchemeChanged.connect(self._on_color_scheme_changed)
         self.window.bridge.load_finished.connect(lambda _loaded: mark_startup_event("engine-ready"))
-        self._first_paint = _FirstPaintWatcher(self.window)
+        self._first_paint = _FirstPaintWatcher(self.window, self._start_engine)
         self._smoke = SmokeRun(self) if options.smoke else None
         self._stopped = False
 
     def start(self) -> None:
+        """Show the window with the last chat; the engine starts once it has been painted."""
+        self.window.open_history()
         self.window.show()
-        self.window.start(self.options.model, probe=self.options.probe_on_start)
+        QTimer.singleShot(ENGINE_START_FALLBACK_MS, self, self._start_engine)
+
+    @Slot()
+    def _start_engine(self) -> None:
+        if self.service is not None or self._stopped:
+            return
+        from hearthside.core.engine.service import EngineService
+        from hearthside.core.settings import Settings
+
+        self.service = EngineService(max_queue=Settings().max_queue).start()
+        self.window.attach_service(self.service)
+        self.window.start_model(self.options.model, probe=self.options.probe_on_start)
 
     @Slot(object)
     def activate(self, request: ActivationRequest) -> None:
@@ -207,7 +233,8 @@ class HearthsideApp(QObject):
         self._stopped = True
         self.window.close()
         self.window.shutdown()
-        self.service.stop(ENGINE_STOP_TIMEOUT_S)
+        if self.service is not None:
+            self.service.stop(ENGINE_STOP_TIMEOUT_S)
 
     @Slot(Qt.ColorScheme)
     def _on_color_scheme_changed(self, scheme: Qt.ColorScheme) -> None:
@@ -275,6 +302,8 @@ class SmokeRun(QObject):
 
 
 def gui_options(args: argparse.Namespace) -> GuiOptions:
+    from hearthside.app.gui.model_loader import LoadOptions
+
     return GuiOptions(
         model=args.model,
         load=LoadOptions(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal, Slot
 
@@ -19,9 +20,11 @@ from hearthside.app.gui.chat_settings_dialog import ChatSettings
 from hearthside.app.gui.chat_view import reply_note
 from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
 from hearthside.app.gui.reply_writer import ReplyWriter, SavedText
-from hearthside.core.engine.engine import ChatMessage, GenerationMetrics, GenerationResult
 from hearthside.core.errors import HearthsideError, JobCancelledError
 from hearthside.core.history.store import Conversation, ConversationStore, StoredMessage
+
+if TYPE_CHECKING:
+    from hearthside.core.engine.engine import ChatMessage, GenerationMetrics, GenerationResult
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ def engine_messages(
     conversation: Conversation, messages: Sequence[StoredMessage]
 ) -> list[ChatMessage]:
     """What the model is shown: the system prompt, then every message with text in it."""
+    # Imported here: the window is shown before the engine module (llama_cpp) is loaded.
+    from hearthside.core.engine.engine import ChatMessage
+
     history = (
         [ChatMessage("system", conversation.system_prompt)] if conversation.system_prompt else []
     )
@@ -209,6 +215,8 @@ class ChatSession(QObject):
         editing = self._message_being_edited(messages)
         if editing is not None:
             messages = messages[: messages.index(editing)]
+        from hearthside.core.engine.engine import ChatMessage
+
         history = [*engine_messages(conversation, messages), ChatMessage("user", text)]
         if not self._start_reply(conversation, history):
             return False

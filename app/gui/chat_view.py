@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QUrl, Signal, Slot
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
@@ -23,8 +24,10 @@ from hearthside.app.gui.markdown import (
     MarkdownRenderer,
     is_safe_link,
 )
-from hearthside.core.engine.engine import GenerationMetrics
 from hearthside.core.history.store import StoredMessage
+
+if TYPE_CHECKING:  # the engine module pulls in llama.cpp: not before the window shows
+    from hearthside.core.engine.engine import GenerationMetrics
 
 EDIT_SCHEME = "edit"
 USER_NAME = "You"

@@ -5,6 +5,10 @@ a lock; a timer on the GUI thread drains that buffer every `flush_interval_ms` a
 `text_flushed` with everything that arrived meanwhile (STYLE.md practice 11), so the view
 updates ~25 times a second however fast the model is. A finished job hops to the GUI thread
 through a queued signal. Stopping is the job's own cancel event, checked between tokens.
+
+The model may also be a remote server (a `RemoteConfig`): the service then holds a
+`RemoteEngine` and everything here works the same. The engine modules are imported for types
+only: the window exists (and is shown) before the engine module is imported.
 """
 
 from __future__ import annotations
@@ -14,24 +18,36 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
-from hearthside.core.engine.config import EngineConfig, SamplingParams
-from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
-from hearthside.core.engine.service import EngineService, Job
 from hearthside.core.errors import EngineError
+
+if TYPE_CHECKING:
+    from hearthside.core.engine.config import EngineConfig, SamplingParams
+    from hearthside.core.engine.engine import ChatMessage, GenerationResult
+    from hearthside.core.engine.remote import RemoteConfig
+    from hearthside.core.engine.service import EngineService, Job, LoadedEngine
 
 DEFAULT_FLUSH_INTERVAL_MS = 40
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    config: EngineConfig
+    """What the window shows about the loaded model. For a remote server `config` is the
+    connected `RemoteConfig` (its model and context filled in from what the server said)."""
+
+    config: EngineConfig | RemoteConfig
     n_ctx: int  # the real context llama.cpp allocated (it pads the requested one)
     name: str
-    model_id: str | None = None  # the registry id; None for an unregistered file
+    model_id: str | None = None  # the registry id; None for an unregistered file or a remote
+
+    @property
+    def is_remote(self) -> bool:
+        from hearthside.core.engine.remote import RemoteConfig  # loaded with the engine
+
+        return isinstance(self.config, RemoteConfig)
 
 
 class _TextBuffer:
@@ -65,13 +81,13 @@ class EngineBridge(QObject):
 
     def __init__(
         self,
-        service: EngineService,
+        service: EngineService | None,
         *,
         flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS,
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
-        self.service = service
+        self._service = service
         self._buffer = _TextBuffer()
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(flush_interval_ms)
@@ -84,6 +100,22 @@ class EngineBridge(QObject):
         self._job_done.connect(self._on_job_done, Qt.ConnectionType.QueuedConnection)
 
     # ---- state -------------------------------------------------------------------------
+
+    @property
+    def service(self) -> EngineService:
+        if self._service is None:
+            raise EngineError(
+                "The engine is still starting.", hint="Wait a moment, then try again."
+            )
+        return self._service
+
+    def attach_service(self, service: EngineService) -> None:
+        """The service to use from now on (the app starts it after the window is shown)."""
+        self._service = service
+
+    @property
+    def has_service(self) -> bool:
+        return self._service is not None
 
     @property
     def generating(self) -> bool:
@@ -100,9 +132,13 @@ class EngineBridge(QObject):
     # ---- commands ----------------------------------------------------------------------
 
     def load(
-        self, config: EngineConfig, name: str | None = None, model_id: str | None = None
+        self,
+        config: EngineConfig | RemoteConfig,
+        name: str | None = None,
+        model_id: str | None = None,
     ) -> None:
-        """Load `config`'s model (after any reply already queued); raises QueueFullError."""
+        """Load `config`'s model, or connect to its remote server (after any reply already
+        queued); raises QueueFullError."""
         if self._load is not None:
             raise EngineError(
                 "A model is already loading.", hint="Wait until it is ready, then try again."
@@ -112,11 +148,15 @@ class EngineBridge(QObject):
         name = name or Path(config.model_path).stem
         load_job = self.service.load(config)
 
-        def describe(engine: Engine) -> LoadedModel:
-            return LoadedModel(config, engine.n_ctx, name, model_id)
+        def describe(engine: LoadedEngine) -> LoadedModel:
+            from hearthside.core.engine.remote import RemoteEngine
+
+            # A remote's config as connected names the model it chose and the server's context.
+            loaded = engine.config if isinstance(engine, RemoteEngine) else config
+            return LoadedModel(loaded, engine.n_ctx, name, model_id)
 
         try:
-            self._load = self.service.call(describe, "describe the loaded model")
+            self._load = self.service.call_any(describe, "describe the loaded model")
         except EngineError:
             load_job.cancel()  # no one would hear of it
             raise

@@ -1,15 +1,23 @@
-"""`MainWindow`: chats on the left, the conversation on the right, Models and Hardware pages,
-the Local API switch in the toolbar and the model's speed and context use in the status line.
+"""`MainWindow`: chats on the left, the conversation on the right, Models, Hardware and Plan
+pages, the Local API switch in the toolbar and the model's speed and context use in the status line.
 
 The window owns the EngineBridge (Qt side of the EngineService it is given), the chat history
 and its QSettings. Everything slow — installing the default model, resolving a model file,
 loading it, probing the hardware, answering — happens off the GUI thread.
+
+The model may be a saved remote server (`remote:NAME`, from the Models page's "Remote
+servers"): the chat, the status line and the Local API (as a proxy) then work over it.
+
+The window can be built before the EngineService exists (`service=None`, then
+`attach_service`): the app shows it first and imports the engine (llama_cpp) afterwards, so
+nothing here imports the engine or the API server at module level.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, Signal, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
@@ -37,20 +45,37 @@ from hearthside.app.gui.conversation_list import ConversationList
 from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
 from hearthside.app.gui.hardware_page import HardwarePage
 from hearthside.app.gui.icons import app_icon, icon
-from hearthside.app.gui.model_loader import LoadOptions, PreparedModel, prepare_model
+from hearthside.app.gui.model_loader import (
+    LoadOptions,
+    PreparedModel,
+    prepare_config,
+    prepare_model,
+)
 from hearthside.app.gui.models_page import ModelsPage
+from hearthside.app.gui.plan_content import default_probe
+from hearthside.app.gui.plan_page import PlanPage, plan_icon
 from hearthside.app.gui.reply_writer import ReplyWriter
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
-from hearthside.core.engine.engine import GenerationMetrics
-from hearthside.core.engine.service import EngineService
 from hearthside.core.errors import HearthsideError
 from hearthside.core.history.store import ConversationStore
 from hearthside.core.paths import data_dir
 
+if TYPE_CHECKING:
+    from hearthside.app.gui.wizard import AppliedTuning, OptimizeWizard
+    from hearthside.core.engine.config import EngineConfig
+    from hearthside.core.engine.engine import GenerationMetrics
+    from hearthside.core.engine.remote import RemoteConfig
+    from hearthside.core.engine.service import EngineService
+
 WINDOW_TITLE = "Hearthside"
-CHAT_PAGE, MODELS_PAGE, HARDWARE_PAGE = 0, 1, 2
-PAGE_NAMES = {CHAT_PAGE: "Chat", MODELS_PAGE: "Models", HARDWARE_PAGE: "Hardware"}
-PAGE_ICONS = {CHAT_PAGE: "chat", MODELS_PAGE: "models", HARDWARE_PAGE: "hardware"}
+CHAT_PAGE, MODELS_PAGE, HARDWARE_PAGE, PLAN_PAGE = 0, 1, 2, 3
+PAGE_NAMES = {
+    CHAT_PAGE: "Chat",
+    MODELS_PAGE: "Models",
+    HARDWARE_PAGE: "Hardware",
+    PLAN_PAGE: "Plan",
+}
+PAGE_ICONS = {CHAT_PAGE: "chat", MODELS_PAGE: "models", HARDWARE_PAGE: "hardware"}  # + plan_icon
 BAR_STYLE = """
 QFrame#messageBar { border-radius: 6px; padding: 2px; }
 QFrame#messageBar[kind="error"] { background: #fde8e8; border: 1px solid #f5b5b5; }
@@ -59,6 +84,24 @@ QFrame#messageBar QLabel { color: #1f2328; }
 QFrame#banner { background: #fff4e0; border: 1px solid #f0c68a; border-radius: 6px; }
 QFrame#banner QLabel { color: #1f2328; }
 """
+REMOTE_PLAN_NOTE = (
+    "The Plan page plans models that run on this computer. The model in use now runs on "
+    "{where}, which chooses its own settings."
+)
+
+
+def remote_status_text(name: str, config: RemoteConfig) -> str:
+    """The status line for a remote server: "Remote: NAME (model) at URL"."""
+    return f"Remote: {name} ({config.model or 'its first model'}) at {config.base_url}"
+
+
+def remote_config_of(loaded: LoadedModel | None) -> RemoteConfig | None:
+    """The server's settings when the loaded model is a remote one, else None."""
+    if loaded is None or not loaded.is_remote:
+        return None
+    from hearthside.core.engine.remote import RemoteConfig  # loaded with the engine by now
+
+    return loaded.config if isinstance(loaded.config, RemoteConfig) else None
 
 
 def plain_error_text(error: BaseException) -> str:
@@ -129,7 +172,7 @@ class MainWindow(QMainWindow):
 
     def __init__(
         self,
-        service: EngineService,
+        service: EngineService | None = None,
         *,
         settings: QSettings | None = None,
         load_options: LoadOptions | None = None,
@@ -141,12 +184,14 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(app_icon())
         self.root: Path = data_dir()
         self.service = service
+        self.optimize_wizard: OptimizeWizard | None = None
         self.settings = settings if settings is not None else keys.gui_settings(self.root)
         self.load_options = load_options or LoadOptions()
         self.store = ConversationStore(self.root)
         self.bridge = EngineBridge(service, parent=self)
         self.reply_writer = ReplyWriter(self.root, parent=self)
         self._preparing: BackgroundTask[PreparedModel] | None = None
+        self._loading_remote: str | None = None  # the remote's name while connecting to it
         self._install_progress = MainThreadRelay(self._show_install_progress, self)
         self._shut_down = False
         self._build_pages(probe_command)
@@ -170,8 +215,10 @@ class MainWindow(QMainWindow):
         self.sidebar_splitter.setSizes([260, 900])
         self.models_page = ModelsPage(self.root, self)
         self.hardware_page = HardwarePage(self, probe_command=probe_command)
+        # The plan page takes the Hardware page's profile; it probes only if it has none yet.
+        self.plan_page = PlanPage(self, settings=self.settings, probe=default_probe(probe_command))
         self.pages = QStackedWidget(self)
-        for page in (self.sidebar_splitter, self.models_page, self.hardware_page):
+        for page in (self.sidebar_splitter, self.models_page, self.hardware_page, self.plan_page):
             self.pages.addWidget(page)
 
     def _build_chrome(self) -> None:
@@ -213,6 +260,12 @@ class MainWindow(QMainWindow):
         self.new_chat_action.setToolTip("Start a new chat (Ctrl+N)")
         self.new_chat_action.triggered.connect(self.new_chat)
         toolbar.addAction(self.new_chat_action)
+        self.optimize_action = QAction("Optimize…", self)
+        self.optimize_action.setToolTip(
+            "Optimize for my hardware: measure and pick the fastest settings"
+        )
+        self.optimize_action.triggered.connect(self._optimize)
+        toolbar.addAction(self.optimize_action)
         spacer = QWidget(toolbar)
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         toolbar.addWidget(spacer)
@@ -266,15 +319,34 @@ class MainWindow(QMainWindow):
         self.bridge.load_finished.connect(self._on_model_loaded)
         self.bridge.load_failed.connect(self._on_load_failed)
         self.models_page.load_requested.connect(self._load_requested_model)
+        self.models_page.remote_load_requested.connect(self._load_requested_remote)
+        self.models_page.models_changed.connect(self.plan_page.reload_models)
+        self.hardware_page.profile_ready.connect(self.plan_page.set_profile)
+        self.plan_page.load_requested.connect(self._load_planned_config)
         self.banner.accepted.connect(self._optimize)
         self.banner.dismissed.connect(self._dismiss_banner)
 
     # ---- starting ----------------------------------------------------------------------
 
+    def attach_service(self, service: EngineService) -> None:
+        """The engine to use when the window was built without one (the app shows the window
+        before it imports and starts the engine)."""
+        self.service = service
+        self.bridge.attach_service(service)
+        self.api_switch.attach_service(service)
+
     def start(self, model_ref: str = "default", *, probe: bool = True) -> None:
         """Show the last chat, probe the hardware and get the model ready, without blocking."""
+        self.open_history()
+        self.start_model(model_ref, probe=probe)
+
+    def open_history(self) -> None:
+        """Open the last chat and list the others (needs no engine)."""
         self.session.open_latest_or_new(keys.read_int(self.settings, keys.LAST_CONVERSATION_KEY))
         self.refresh_conversations()
+
+    def start_model(self, model_ref: str = "default", *, probe: bool = True) -> None:
+        """Probe the hardware and get the model ready, without blocking."""
         if probe:
             self.hardware_page.refresh()
         self.load_model(model_ref)
@@ -283,17 +355,24 @@ class MainWindow(QMainWindow):
     def load_model(self, ref: str) -> None:
         """Resolve `ref` (installing the default model on first use) off the GUI thread, then
         load it through the engine; chatting waits until it is ready."""
+        options, relay = self.load_options, self._install_progress
+        self._prepare(lambda: prepare_model(ref, options, progress=lambda *done: relay.post(done)))
+
+    def load_config(self, config: EngineConfig) -> None:
+        """Load exactly `config` (a plan's settings). Its `model_path` may name the model as
+        the planner does — an installed id, "default" or a GGUF path — and is resolved to the
+        file (and an unregistered file checked) off the GUI thread first."""
+        self._prepare(lambda: prepare_config(config))
+
+    def _prepare(self, prepare: Callable[[], PreparedModel]) -> None:
         if self._preparing is not None:
             self.show_error(HearthsideError("A model is already being prepared; please wait."))
             return
         self.bridge.stop()
         self.model_label.setText("Preparing the model…")
         self.session.set_model_pending(True)
-        options, relay = self.load_options, self._install_progress
         self._preparing = run_in_background(
-            lambda: prepare_model(ref, options, progress=lambda *done: relay.post(done)),
-            self._on_model_prepared,
-            self._on_prepare_failed,
+            prepare, self._on_model_prepared, self._on_prepare_failed
         )
 
     @Slot(object)
@@ -301,6 +380,7 @@ class MainWindow(QMainWindow):
         self._preparing = None
         self.install_progress.hide()
         self.session.set_model_pending(False)
+        self._loading_remote = prepared.name if prepared.is_remote else None
         try:
             self.bridge.load(prepared.config, prepared.name, prepared.model_id)
         except HearthsideError as exc:
@@ -332,25 +412,53 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_load_started(self, name: str) -> None:
-        self.model_label.setText(f"Loading {name}…")
+        verb = "Connecting to" if self._loading_remote is not None else "Loading"
+        self.model_label.setText(f"{verb} {name}…")
         self.speed_label.clear()
 
     @Slot(object)
     def _on_model_loaded(self, loaded: LoadedModel) -> None:
-        self.model_label.setText(loaded.name)
-        self.model_label.setToolTip(loaded.config.model_path)
+        self._loading_remote = None
+        remote = remote_config_of(loaded)
+        if remote is not None:
+            self.model_label.setText(remote_status_text(loaded.name, remote))
+            self.model_label.setToolTip(remote.model_path)
+        else:
+            self.model_label.setText(loaded.name)
+            self.model_label.setToolTip(loaded.config.model_path)
+            self.plan_page.set_loaded_model(loaded.model_id or loaded.config.model_path)
         self.chat_pane.input.setFocus()
 
     @Slot(object)
     def _on_load_failed(self, error: BaseException) -> None:
+        remote, self._loading_remote = self._loading_remote, None
         self.model_label.setText("No model loaded")
         self.chat_pane.set_mode("unavailable")
-        self.show_error(error, prefix="The model could not be loaded. ")
+        if remote is not None:
+            self.show_error(error, prefix=f"Could not connect to the server {remote}. ")
+        else:
+            self.show_error(error, prefix="The model could not be loaded. ")
 
     @Slot(str)
     def _load_requested_model(self, model_id: str) -> None:
         self.show_page(CHAT_PAGE)
         self.load_model(model_id)
+
+    @Slot(str)
+    def _load_requested_remote(self, name: str) -> None:
+        self.show_page(CHAT_PAGE)
+        self.load_model(f"remote:{name}")
+
+    @Slot(object)
+    def _load_planned_config(self, config: EngineConfig) -> None:
+        self.show_page(CHAT_PAGE)
+        self.load_config(config)
+
+    def show_plan(self, ref: str) -> None:
+        """Open the Plan page on the model `ref` (an installed id, a path or a catalog id)."""
+        self.plan_page.reload_models()
+        self.plan_page.select_model(ref)
+        self.show_page(PLAN_PAGE)
 
     # ---- chats -------------------------------------------------------------------------
 
@@ -441,6 +549,10 @@ class MainWindow(QMainWindow):
         self.page_actions[index].setChecked(True)
         if index == CHAT_PAGE:
             self.chat_pane.input.setFocus()
+        remote = remote_config_of(self.bridge.loaded_model)
+        if index == PLAN_PAGE and remote is not None:
+            note = REMOTE_PLAN_NOTE.format(where=remote.describe())
+            self.message_bar.show_text(note, error=False)
 
     def _focus_search(self) -> None:
         self.show_page(CHAT_PAGE)
@@ -449,8 +561,27 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _optimize(self) -> None:
+        """Open the "Optimize for my hardware" wizard (the banner's offer and the toolbar's)."""
+        from hearthside.app.gui.wizard import OptimizeWizard  # the tuner: only when asked for
+
         self._dismiss_banner()
-        self.show_page(HARDWARE_PAGE)
+        if self.optimize_wizard is not None:
+            self.optimize_wizard.deleteLater()
+        loaded = self.bridge.loaded_model
+        self.optimize_wizard = OptimizeWizard(
+            self.service,
+            self.hardware_page.profile,
+            self,
+            current_model_id=loaded.model_id if loaded else None,
+        )
+        self.optimize_wizard.applied.connect(self._apply_tuning)
+        self.optimize_wizard.models_page_requested.connect(lambda: self.show_page(MODELS_PAGE))
+        self.optimize_wizard.open()
+
+    @Slot(object)
+    def _apply_tuning(self, tuning: AppliedTuning) -> None:
+        """Reload the chat model with the settings the wizard measured and saved."""
+        self._guarded(lambda: self.bridge.load(tuning.config, tuning.model_name, tuning.model_id))
 
     @Slot()
     def _dismiss_banner(self) -> None:
@@ -461,12 +592,15 @@ class MainWindow(QMainWindow):
         """Icons and code colours for the palette now in use."""
         color = self.palette().windowText().color().name()
         for index, action in self.page_actions.items():
-            action.setIcon(icon(PAGE_ICONS[index], color))
+            named = PAGE_ICONS.get(index)
+            action.setIcon(icon(named, color) if named else plan_icon(color))
         self.new_chat_action.setIcon(icon("new-chat", color))
+        self.optimize_action.setIcon(icon("optimize", color))
         self.chat_pane.set_icon_color(color)
         self.conversation_list.new_button.setIcon(icon("new-chat", color))
         self.message_bar.close_button.setIcon(icon("close", "#1f2328"))
         self.chat_pane.view.set_dark(dark)
+        self.plan_page.apply_theme(dark)
         self.session.rerender()
 
     # ---- window state ------------------------------------------------------------------
@@ -505,6 +639,8 @@ class MainWindow(QMainWindow):
             return
         self._shut_down = True
         self.save_state()
+        if self.optimize_wizard is not None:
+            self.optimize_wizard.cancel_measuring()
         self.api_switch.stop()
         self.session.stop()
         self.session.finish_pending_reply()

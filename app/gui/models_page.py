@@ -5,6 +5,11 @@ Adding validates the file, loads it once in a child process and copies it into t
 folder (the model store does all three) on a worker thread, with a progress bar and a Cancel
 button; a problem is shown in plain words in a message bar above the table. "Download from the
 hub…" opens `HubDialog` (hub_dialog.py); a model it downloads appears here, selected.
+
+"Connect to a server…" opens `RemoteDialog` (remote_dialog.py): an OpenAI-compatible server
+saved there is listed under "Remote servers", where the user can chat with it or remove it.
+The remote list, the hub dialog and quantizing are imported when first used (the remote
+modules pull in the HTTP client and the engine), so building the page stays quick.
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -29,6 +34,8 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QListWidget,
+    QListWidgetItem,
     QMessageBox,
     QProgressBar,
     QPushButton,
@@ -38,18 +45,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from hearthside.app.gui.hub_dialog import HubDialog
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
 from hearthside.core.errors import HearthsideError
-from hearthside.core.models.quantize import (
-    QUANT_TYPES,
-    QuantizeCancelled,
-    plan_quantize,
-    quantize_model,
-)
 from hearthside.core.models.store import ModelRecord, ModelStore, human_size
 from hearthside.core.paths import data_dir
-from hearthside.core.probe.profile import HardwareProfile
+
+if TYPE_CHECKING:
+    from hearthside.app.gui.hub_dialog import HubDialog
+    from hearthside.app.gui.remote_dialog import RemoteDialog
+    from hearthside.core.engine.remotes import Remote
+    from hearthside.core.probe.profile import HardwareProfile
 
 COLUMNS = ("Name", "Size", "Quant", "Parameters", "Architecture", "Licence", "")
 DEFAULT_MARK = "★ Default"
@@ -57,6 +62,8 @@ GGUF_FILTER = "GGUF models (*.gguf);;All files (*)"
 # llama.cpp's quantization names as they appear in file names: Q4_K_M, IQ3_XXS, Q8_0, F16, BF16.
 QUANT_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(I?Q\d_[A-Z0-9_]*[A-Z0-9]|I?Q\d|BF16|F16|F32)", re.I)
 PERCENT = 100
+REMOTE_NAME_ROLE = Qt.ItemDataRole.UserRole
+NO_REMOTES = "No servers yet. “Connect to a server…” adds one (vLLM, llama-server, Ollama …)."
 
 STYLE = """
 QLabel#pageTitle { font-size: 16pt; font-weight: 600; }
@@ -124,6 +131,12 @@ def detail_rows(record: ModelRecord) -> list[tuple[str, str]]:
     ]
 
 
+def remote_row_text(remote: Remote) -> str:
+    model = remote.model or "the first model it lists"
+    key = ", key saved" if remote.has_key else ""
+    return f"{remote.name} — {model} at {remote.base_url}  (remote{key})"
+
+
 def error_text(error: BaseException) -> str:
     if isinstance(error, HearthsideError):
         return error.user_text()
@@ -166,6 +179,8 @@ def make_variant_file(
     def ignore(_warning: str) -> None:  # the dialog has shown the warnings already
         return None
 
+    from hearthside.core.models.quantize import quantize_model
+
     with ModelStore(home) as store:
         return quantize_model(
             store, model_id, target, progress=progress, cancel=cancel, on_warning=ignore
@@ -181,6 +196,7 @@ def local_files(urls: Iterable[Any]) -> list[Path]:
 
 class ModelsPage(QWidget):
     load_requested = Signal(str)  # model id the user wants to chat with
+    remote_load_requested = Signal(str)  # name of the saved remote server to chat with
     models_changed = Signal()  # added, removed or a new default
 
     def __init__(self, home: Path | None = None, parent: QWidget | None = None) -> None:
@@ -195,6 +211,9 @@ class ModelsPage(QWidget):
         self._progress_text: Callable[[int, int], str] = copy_progress_text
         self._progress_relay = MainThreadRelay(self._show_progress, self)
         self._hub_dialog: HubDialog | None = None
+        self._remote_dialog: RemoteDialog | None = None
+        self._remotes: list[Remote] = []
+        self._remotes_read = False
         self._hardware: HardwareProfile | None = None
         self.setAcceptDrops(True)
         self.setStyleSheet(STYLE)
@@ -261,6 +280,8 @@ class ModelsPage(QWidget):
 
     def open_hub_dialog(self) -> HubDialog:
         """Show the hub dialog (one per page: it keeps its search while hidden)."""
+        from hearthside.app.gui.hub_dialog import HubDialog
+
         if self._hub_dialog is None:
             self._hub_dialog = HubDialog(self.home, self, profile=self._hardware)
             self._hub_dialog.downloaded.connect(self._downloaded)
@@ -273,6 +294,106 @@ class ModelsPage(QWidget):
     def _downloaded(self, record: ModelRecord) -> None:
         self.show_message(f"Downloaded {record.name} ({human_size(record.size_bytes)}).")
         self._show_new_model(record)
+
+    # -- remote servers --
+
+    def open_remote_dialog(self) -> RemoteDialog:
+        """Show "Connect to a server"; a server saved there is listed here, selected."""
+        from hearthside.app.gui.remote_dialog import RemoteDialog
+        from hearthside.core.engine.remotes import RemoteRegistry
+
+        dialog = RemoteDialog(RemoteRegistry(self.home), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self._remote_saved(dialog.saved))
+        dialog.finished.connect(self._forget_remote_dialog)
+        self._remote_dialog = dialog
+        dialog.open()
+        return dialog
+
+    def _forget_remote_dialog(self) -> None:
+        self._remote_dialog = None
+
+    def reload_remotes(self) -> None:
+        """Read the saved remote servers again and redraw their list, keeping the selection."""
+        from hearthside.core.engine.remotes import RemoteRegistry
+
+        chosen = self.selected_remote()
+        self._remotes_read = True
+        try:
+            self._remotes = RemoteRegistry(self.home).all()
+        except HearthsideError as exc:
+            self.show_message(error_text(exc), error=True)
+            self._remotes = []
+        self.remote_list.clear()
+        for remote in self._remotes:
+            item = QListWidgetItem(remote_row_text(remote))
+            item.setData(REMOTE_NAME_ROLE, remote.name)
+            item.setToolTip(f"remote:{remote.name}")
+            self.remote_list.addItem(item)
+        self.remote_list.setVisible(bool(self._remotes))
+        self.remotes_empty.setVisible(not self._remotes)
+        self.select_remote(chosen)
+
+    @property
+    def remote_names(self) -> list[str]:
+        return [remote.name for remote in self._remotes]
+
+    def selected_remote(self) -> str | None:
+        item = self.remote_list.currentItem()
+        selected = item is not None and item.isSelected()
+        return str(item.data(REMOTE_NAME_ROLE)) if selected else None
+
+    def select_remote(self, name: str | None) -> None:
+        for row in range(self.remote_list.count()):
+            item = self.remote_list.item(row)
+            if item.data(REMOTE_NAME_ROLE) == name:
+                self.remote_list.setCurrentItem(item)
+                item.setSelected(True)
+                return
+        self.remote_list.clearSelection()
+        self._update_remote_buttons()
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt's name)
+        # Read on first show, not at build: the remote modules import the HTTP client.
+        if not self._remotes_read:
+            self.reload_remotes()
+        super().showEvent(event)
+
+    def _remote_saved(self, remote: Remote | None) -> None:
+        if remote is None:
+            return
+        self.reload_remotes()
+        self.select_remote(remote.name)
+        self.show_message(f"Saved the server {remote.name}. Choose “Chat with it” to use it.")
+
+    def _chat_with_remote(self) -> None:
+        name = self.selected_remote()
+        if name is not None:
+            self.remote_load_requested.emit(name)
+
+    def _remove_remote(self) -> None:
+        from hearthside.core.engine.remotes import RemoteRegistry
+
+        name = self.selected_remote()
+        if name is None:
+            return
+        answer = QMessageBox.question(
+            self, "Remove server", f"Forget the server {name}? Its saved key is deleted too."
+        )
+        if answer != QMessageBox.StandardButton.Yes:
+            return
+        try:
+            RemoteRegistry(self.home).remove(name)
+        except HearthsideError as exc:
+            self.show_message(error_text(exc), error=True)
+        else:
+            self.show_message(f"Removed the server {name}.")
+        self.reload_remotes()
+
+    def _update_remote_buttons(self) -> None:
+        chosen = self.selected_remote() is not None
+        self.remote_chat_button.setEnabled(chosen)
+        self.remote_remove_button.setEnabled(chosen)
 
     # -- building --
 
@@ -292,6 +413,7 @@ class ModelsPage(QWidget):
         layout.addWidget(self.empty_hint)
         layout.addWidget(self._build_details())
         layout.addLayout(self._build_actions())
+        layout.addWidget(self._build_remotes())
 
     def _build_header(self) -> QHBoxLayout:
         header = QHBoxLayout()
@@ -410,6 +532,41 @@ class ModelsPage(QWidget):
         actions.addStretch(1)
         actions.addWidget(self.remove_button)
         return actions
+
+    def _build_remotes(self) -> QFrame:
+        self.remotes_card = QFrame()
+        self.remotes_card.setObjectName("card")
+        layout = QVBoxLayout(self.remotes_card)
+        layout.setContentsMargins(16, 12, 16, 14)
+        title = QLabel("Remote servers")
+        title.setObjectName("cardTitle")
+        layout.addWidget(title)
+        self.remotes_empty = QLabel(NO_REMOTES)
+        self.remotes_empty.setObjectName("muted")
+        layout.addWidget(self.remotes_empty)
+        self.remote_list = QListWidget()
+        self.remote_list.setMaximumHeight(110)
+        self.remote_list.itemSelectionChanged.connect(self._update_remote_buttons)
+        self.remote_list.itemDoubleClicked.connect(lambda _item: self._chat_with_remote())
+        self.remote_list.hide()
+        layout.addWidget(self.remote_list)
+        buttons = QHBoxLayout()
+        self.connect_button = QPushButton("Connect to a server…")
+        self.connect_button.setToolTip(
+            "Chat with a model on an OpenAI-compatible server (vLLM, llama-server, Ollama …)"
+        )
+        self.connect_button.clicked.connect(self.open_remote_dialog)
+        buttons.addWidget(self.connect_button)
+        self.remote_chat_button = QPushButton("Chat with it")
+        self.remote_chat_button.clicked.connect(self._chat_with_remote)
+        self.remote_remove_button = QPushButton("Remove")
+        self.remote_remove_button.clicked.connect(self._remove_remote)
+        buttons.addWidget(self.remote_chat_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.remote_remove_button)
+        layout.addLayout(buttons)
+        self._update_remote_buttons()
+        return self.remotes_card
 
     def _fill_table(self) -> None:
         self.table.setRowCount(len(self._records))
@@ -601,6 +758,8 @@ class ModelsPage(QWidget):
         self._show_new_model(record)
 
     def _variant_failed(self, target: str, error: BaseException) -> None:
+        from hearthside.core.models.quantize import QuantizeCancelled
+
         self._job_finished()
         if isinstance(error, QuantizeCancelled):
             self.show_message(f"Stopped making the {target} variant; nothing was kept.")
@@ -643,6 +802,8 @@ class QuantizeDialog(QDialog):
         intro.setWordWrap(True)
         layout.addWidget(intro)
         form = QFormLayout()
+        from hearthside.core.models.quantize import QUANT_TYPES
+
         self.type_box = QComboBox()
         self.type_box.addItems(list(QUANT_TYPES))
         form.addRow("Quantization", self.type_box)
@@ -667,6 +828,8 @@ class QuantizeDialog(QDialog):
         return self.type_box.currentText()
 
     def _show_plan(self, target: str) -> None:
+        from hearthside.core.models.quantize import plan_quantize
+
         try:
             plan = plan_quantize(self._store, self._record.id, target)
         except HearthsideError as exc:

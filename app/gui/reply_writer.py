@@ -15,12 +15,15 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
-from hearthside.core.engine.engine import GenerationMetrics
 from hearthside.core.errors import HearthsideError
 from hearthside.core.history.store import ConversationStore
+
+if TYPE_CHECKING:  # the engine module pulls in llama.cpp: not before the window shows
+    from hearthside.core.engine.engine import GenerationMetrics
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,13 @@
 Everything happens in a fresh data dir (a temporary one unless `--home` names one): the
 default model is installed there (or `--model FILE` is registered in place), the hardware page
 shows a sample machine with an NVIDIA GPU the CPU-only engine cannot drive (so its advice has a
-fix button), and the Local API switch is turned on for real on a free port.
+fix button), and the Local API switch is turned on for real on a free port. The plan page shows
+the planner's real plans on the same machine with a CUDA build of the engine: the default model
+(everything on the GPU) and a 70B what-if that has to be split between the GPU and the CPU; in
+the window it plans the default model for the sample machine as probed (CPU-only engine).
+Two more show the recipe view for what-if hardware: Llama 3.1 405B on the 8x H100 example
+(one node, vLLM with tensor parallelism) and Qwen3 235B-A22B on two DGX Sparks (Ray across
+two nodes).
 """
 
 from __future__ import annotations
@@ -29,6 +35,15 @@ if TYPE_CHECKING:
     from hearthside.core.probe.profile import HardwareProfile
 
 PAGE_SIZE = (1280, 800)
+TALL_PAGE_SIZE = (1280, 1200)  # the plan page scrolls; this shows all of it
+WHAT_IF_MODEL = "llama-3.1-70b"
+WHAT_IF_OVERRIDE_CONTEXT = 131072
+PLAN_TIMEOUT_S = 30.0
+# (file, hardware example, catalog model) for the recipe view
+RECIPE_SHOTS = (
+    ("plan_page_recipe_8x_h100.png", "hardware-example-8x-h100.json", "llama-3.1-405b"),
+    ("plan_page_recipe_2x_gb10.png", "hardware-example-2x-dgx-spark.json", "qwen3-235b-a22b"),
+)
 WINDOW_SIZE = (1400, 900)
 SAMPLE_QUESTION = "What is the capital of France?"
 REPLY_TIMEOUT_S = 60.0
@@ -78,6 +93,9 @@ def render_all(outdir: Path, model: Path | None) -> list[Path]:
 
     register_model(model)
     written = [render_hardware_page(outdir), render_models_page(outdir)]
+    written += render_plan_pages(outdir)
+    written.append(render_hub_dialog(outdir))
+    written += render_wizard(outdir)
     with EngineService() as service:
         written.append(render_api_switch(outdir, service))
         written += render_main_window(outdir, service)
@@ -160,6 +178,102 @@ def render_hardware_page(outdir: Path) -> Path:
     return save(page, outdir / "hardware_page.png", PAGE_SIZE)
 
 
+def sample_cuda_profile() -> HardwareProfile:
+    """The sample machine after `hearthside engine rebuild --backend cuda`: the engine drives
+    the RTX 3090."""
+    from hearthside.core.probe.profile import EngineDevice
+
+    profile = sample_profile()
+    gpu = profile.gpus[0]
+    assert profile.engine is not None
+    cuda = EngineDevice("CUDA0", gpu.name, "gpu", gpu.vram_total_bytes, gpu.vram_free_bytes)
+    engine = replace(
+        profile.engine,
+        backends=("CUDA", "CPU"),
+        devices=(cuda, *profile.engine.devices),
+        gpu_offload=True,
+    )
+    return replace(profile, engine=engine, advice=())
+
+
+def render_plan_pages(outdir: Path) -> list[Path]:
+    from hearthside.app.gui.plan_page import PlanPage
+
+    page = PlanPage(probe=sample_cuda_profile)
+    page.resize(*TALL_PAGE_SIZE)
+    written = []
+    shown_plan(page)
+    written.append(save(page, outdir / "plan_page.png", TALL_PAGE_SIZE))
+    page.select_model(WHAT_IF_MODEL)
+    shown_plan(page)
+    page.set_overrides_open(True)
+    page.ctx_box.setValue(WHAT_IF_OVERRIDE_CONTEXT)  # a power user asks for the full context
+    written.append(save(page, outdir / "plan_page_what_if.png", TALL_PAGE_SIZE))
+    return written + render_recipe_pages(outdir)
+
+
+def render_recipe_pages(outdir: Path) -> list[Path]:
+    from hearthside.app.gui.plan_content import example_choice
+    from hearthside.app.gui.plan_page import PlanPage
+
+    page = PlanPage(probe=sample_cuda_profile)
+    page.resize(*TALL_PAGE_SIZE)
+    written = []
+    for filename, example, model in RECIPE_SHOTS:
+        page.set_hardware(example_choice(example))
+        page.select_model(model)
+        shown_recipe(page)
+        written.append(save(page, outdir / filename, TALL_PAGE_SIZE))
+    return written
+
+
+def shown_recipe(page: Any) -> None:
+    page.show()
+    wait_until(
+        lambda: page.recipe is not None and page.recipe.request == page.current_key(),
+        PLAN_TIMEOUT_S,
+    )
+    if page.recipe is None:
+        raise RuntimeError(f"the plan page made no recipe: {page.error_text}")
+
+
+def shown_plan(page: Any) -> None:
+    """Show `page` and wait until it shows the plan for its current choice."""
+    page.show()
+    wait_until(
+        lambda: page.view is not None and page.view.request == page.current_request(),
+        PLAN_TIMEOUT_S,
+    )
+    if page.view is None:
+        raise RuntimeError(f"the plan page did not plan: {page.error_text}")
+
+
+WIZARD_SHOTS = ("wizard_1_found", "wizard_2_goal", "wizard_3_measuring", "wizard_4_result")
+WIZARD_SIZE = (1000, 700)
+
+
+def render_wizard(outdir: Path) -> list[Path]:
+    """Each page of the Optimize wizard, replaying a recorded tune of the default model."""
+    from hearthside.app.gui.wizard import PAGE_MEASURE, wizard_for_screenshots
+
+    written = []
+    for page, name in enumerate(WIZARD_SHOTS):
+        wizard = wizard_for_screenshots(page)
+        written.append(save(wizard, outdir / f"{name}.png", WIZARD_SIZE))
+        wizard.close()
+    live = wizard_for_screenshots(PAGE_MEASURE, mid_run=True)
+    written.append(save(live, outdir / "wizard_3_measuring_live.png", WIZARD_SIZE))
+    live.close()
+    return written
+
+
+def render_hub_dialog(outdir: Path) -> Path:
+    from hearthside.app.gui.hub_dialog import staged_for_screenshot
+
+    dialog = staged_for_screenshot(sample_cuda_profile())
+    return save(dialog, outdir / "hub_dialog.png", (1100, 700))
+
+
 def render_models_page(outdir: Path) -> Path:
     from hearthside.app.gui.models_page import ModelsPage
 
@@ -205,6 +319,10 @@ def render_main_window(outdir: Path, service: EngineService) -> list[Path]:
         written = [save(window, outdir / "main_window.png", WINDOW_SIZE)]
         window.show_page(module.HARDWARE_PAGE)
         written.append(save(window, outdir / "main_window_hardware.png", WINDOW_SIZE))
+        window.show()  # `save` hid it
+        window.show_page(module.PLAN_PAGE)
+        shown_plan(window.plan_page)
+        written.append(save(window, outdir / "main_window_plan.png", WINDOW_SIZE))
         return written
     finally:
         window.close()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from hearthside.core.engine.engine import Engine, engine_version
+from hearthside.core.engine.config import SamplingParams, SpeculativeConfig
+from hearthside.core.engine.engine import Engine, GenerationResult, engine_version
+from hearthside.core.engine.speculative import SpeculationStats, merge_stats
 from hearthside.core.errors import ContextOverflowError
 
 ProgressCallback = Callable[[str, int, int], None]  # (test name, repetition done, of total)
@@ -115,3 +117,127 @@ def _summarise(name: str, count: int, samples: list[float]) -> BenchStat:
         stdev_tok_s=statistics.stdev(samples) if len(samples) > 1 else 0.0,
         samples_tok_s=tuple(samples),
     )
+
+
+# ---- speculative decoding: the same prompts with and without drafts ------------------------
+
+
+@dataclass(frozen=True)
+class SpeculationComparison:
+    """One speculative setting against plain decoding, measured in the same session.
+
+    Rates are medians over every (prompt, repetition) run; `speedup` is the median of the
+    ratios of back-to-back pairs, so a machine that slows down for a while (other work on a
+    shared CPU) hits both sides of a pair alike; `stats` sums the drafts of all
+    speculative runs; `identical` says whether every speculative reply had exactly the plain
+    reply's tokens (expected with greedy sampling, see speculative.py).
+    """
+
+    speculative: dict[str, Any]
+    plain_decode_tok_s: float
+    speculative_decode_tok_s: float
+    speedup: float
+    plain_ttft_s: float | None
+    speculative_ttft_s: float | None
+    stats: SpeculationStats | None
+    identical: bool
+    runs: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compare_speculation(
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    speculative: SpeculativeConfig,
+    sampling: SamplingParams,
+    *,
+    repetitions: int = 3,
+    fresh_cache: bool = True,
+) -> SpeculationComparison:
+    """Generate each prompt with and without `speculative`, alternating, and compare.
+
+    With `fresh_cache` every run evaluates its whole prompt (so TTFT compares too); the
+    engine's own speculative setting is restored afterwards.
+    """
+    before = engine.config.speculative
+    plain: list[GenerationResult] = []
+    drafted: list[GenerationResult] = []
+    engine.set_speculative(speculative)
+    try:
+        for _ in range(repetitions):
+            for prompt in prompts:
+                with engine.speculation_paused():
+                    plain.append(_timed_run(engine, prompt, sampling, fresh_cache))
+                drafted.append(_timed_run(engine, prompt, sampling, fresh_cache))
+    finally:
+        engine.set_speculative(before)
+    plain_tps = _median_of(result.metrics.decode_tok_s for result in plain)
+    drafted_tps = _median_of(result.metrics.decode_tok_s for result in drafted)
+    return SpeculationComparison(
+        speculative=asdict(speculative),
+        plain_decode_tok_s=plain_tps,
+        speculative_decode_tok_s=drafted_tps,
+        speedup=_median_pair_ratio(drafted, plain),
+        plain_ttft_s=_median_or_none(result.metrics.ttft_s for result in plain),
+        speculative_ttft_s=_median_or_none(result.metrics.ttft_s for result in drafted),
+        stats=merge_stats([r.metrics.speculative for r in drafted if r.metrics.speculative]),
+        identical=all(a.tokens == b.tokens for a, b in zip(plain, drafted, strict=True)),
+        runs=len(drafted),
+    )
+
+
+def _timed_run(
+    engine: Engine, prompt: Sequence[int], sampling: SamplingParams, fresh_cache: bool
+) -> GenerationResult:
+    if fresh_cache:
+        engine.clear_cache()
+    return engine.generate(prompt, sampling)
+
+
+def measure_verify_cost(
+    engine: Engine,
+    sizes: Sequence[int] = (1, 2, 4, 8, 16),
+    *,
+    context_tokens: int = 64,
+    repetitions: int = 5,
+) -> tuple[tuple[int, float], ...]:
+    """Seconds to evaluate a batch of n tokens with logits at every position (a verify
+    step of n − 1 drafts), median of `repetitions`, after `context_tokens` of context."""
+    rng = np.random.default_rng(1)
+    needed = context_tokens + max(sizes)
+    tokens = [int(t) for t in rng.integers(0, engine.n_vocab, size=needed)]
+    llama = engine.llama
+    llama.reset()
+    llama.evaluate(tokens[:context_tokens], logits_for_last=1)
+    timings = []
+    for size in sizes:
+        samples = []
+        for _ in range(repetitions):
+            llama.n_tokens = context_tokens  # evaluate() drops the cache past this point
+            start = time.perf_counter()
+            llama.evaluate(tokens[context_tokens : context_tokens + size], logits_for_last=size)
+            samples.append(time.perf_counter() - start)
+        timings.append((size, statistics.median(samples)))
+    llama.reset()
+    return tuple(timings)
+
+
+def _median_pair_ratio(drafted: list[GenerationResult], plain: list[GenerationResult]) -> float:
+    ratios = [
+        a.metrics.decode_tok_s / b.metrics.decode_tok_s
+        for a, b in zip(drafted, plain, strict=True)
+        if a.metrics.decode_tok_s and b.metrics.decode_tok_s
+    ]
+    return statistics.median(ratios) if ratios else 0.0
+
+
+def _median_of(values: Iterable[float | None]) -> float:
+    known = [value for value in values if value]
+    return statistics.median(known) if known else 0.0
+
+
+def _median_or_none(values: Iterable[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None

@@ -17,7 +17,8 @@ from hearthside.core.errors import EngineError
 
 SplitMode = Literal["none", "layer", "row"]
 NumaMode = Literal["off", "distribute", "isolate", "numactl"]
-SpeculativeMode = Literal["off", "prompt_lookup"]
+SpeculativeMode = Literal["off", "prompt_lookup", "draft_model"]
+SPECULATIVE_MODES: tuple[str, ...] = ("off", "prompt_lookup", "draft_model")
 
 # ggml type ids (ggml.h enum ggml_type) of the KV-cache types llama.cpp accepts.
 KV_CACHE_TYPES: dict[str, int] = {
@@ -52,19 +53,57 @@ def logical_core_count() -> int:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding: `prompt_lookup` drafts tokens by matching n-grams of the prompt."""
+    """Speculative decoding: cheap guesses that the model verifies in one batch.
+
+    `prompt_lookup` drafts the tokens that followed an earlier occurrence of the last
+    n-gram (up to `ngram_size` tokens) of the text; `draft_model` runs a second, small model
+    with the same vocabulary (`draft_model_path`) greedily. Either drafts at most
+    `draft_tokens` tokens per step. The draft model loads with the target's context, threads
+    and GPU layers unless `draft_n_ctx`, `draft_threads` or `draft_gpu_layers` say otherwise.
+    """
 
     mode: SpeculativeMode = "off"
     draft_tokens: int = 10
     ngram_size: int = 2
+    draft_model_path: str | None = None
+    draft_n_ctx: int | None = None
+    draft_threads: int | None = None
+    draft_gpu_layers: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in ("off", "prompt_lookup"):
+        if self.mode not in SPECULATIVE_MODES:
             raise EngineConfigError(f"Unknown speculative mode {self.mode!r}.")
         if not 1 <= self.draft_tokens <= 64:
             raise EngineConfigError("Speculative draft_tokens must be between 1 and 64.")
         if not 1 <= self.ngram_size <= 16:
             raise EngineConfigError("Speculative ngram_size must be between 1 and 16.")
+        self._check_draft_model()
+
+    def _check_draft_model(self) -> None:
+        if self.mode == "draft_model" and not self.draft_model_path:
+            raise EngineConfigError(
+                "Draft-model speculation needs a draft model file.",
+                hint="Pick a smaller model with the same vocabulary as the draft.",
+            )
+        draft_settings = (
+            self.draft_model_path,
+            self.draft_n_ctx,
+            self.draft_threads,
+            self.draft_gpu_layers,
+        )
+        if self.mode != "draft_model" and any(value is not None for value in draft_settings):
+            # One setting, one spelling: the autotune DB keys configurations by their fields.
+            raise EngineConfigError("Draft-model settings only apply to mode 'draft_model'.")
+        if self.draft_n_ctx is not None and self.draft_n_ctx < 16:
+            raise EngineConfigError("The draft model's context must be at least 16 tokens.")
+        if self.draft_threads is not None and self.draft_threads < 1:
+            raise EngineConfigError("draft_threads must be at least 1.")
+        if self.draft_gpu_layers is not None and self.draft_gpu_layers < -1:
+            raise EngineConfigError("draft_gpu_layers must be -1 (all) or a layer count.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
 
 
 @dataclass(frozen=True)

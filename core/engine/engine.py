@@ -19,20 +19,29 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import numpy as np
 from llama_cpp.llama_grammar import LlamaGrammar
 
 from hearthside.core.engine import native_log
-from hearthside.core.engine.config import EngineConfig, SamplingParams
+from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
 from hearthside.core.engine.load_report import parse_load_log
+from hearthside.core.engine.speculative import (
+    CountingDraft,
+    SpeculationStats,
+    SpeculativeLlama,
+    SpeculativeLlamaWithOverrides,
+    make_draft,
+)
 from hearthside.core.engine.stops import StopMatcher
 from hearthside.core.engine.templates import ChatTemplate
-from hearthside.core.engine.tensor_overrides import LlamaWithOverrides, native_overrides
+from hearthside.core.engine.tensor_overrides import native_overrides
 from hearthside.core.errors import (
     ContextOverflowError,
     EngineError,
     EngineLoadError,
 )
 from hearthside.core.models.gguf_validator import validate_gguf
+from hearthside.core.models.vocab import require_compatible_draft
 
 MIN_ENGINE_VERSION = (0, 3, 36)
 TextCallback = Callable[[str], None]
@@ -59,6 +68,7 @@ class GenerationMetrics:
     decode_tok_s: float | None
     total_s: float
     stop_reason: str  # "eos" | "stop" | "length" | "context_full" | "cancelled"
+    speculative: SpeculationStats | None = None  # drafted/accepted tokens when speculation is on
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +78,7 @@ class GenerationMetrics:
 class GenerationResult:
     text: str
     metrics: GenerationMetrics
+    tokens: tuple[int, ...] = ()  # every token the model sampled, a final end token included
 
 
 def engine_version() -> tuple[int, ...]:
@@ -123,9 +134,15 @@ class Engine:
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         self._abort = _AbortSwitch(self._llama.ctx)
         self.chat_template = self._make_chat_template()
+        self._draft: CountingDraft | None = None
+        try:
+            self.set_speculative(config.speculative)
+        except BaseException:
+            self._llama.close()
+            raise
 
     @property
-    def llama(self) -> llama_cpp.Llama:
+    def llama(self) -> SpeculativeLlama:
         """The underlying Llama, for diagnostics and benchmarks run as engine jobs."""
         return self._llama
 
@@ -137,7 +154,41 @@ class Engine:
     def n_vocab(self) -> int:
         return int(self._llama.n_vocab())
 
+    @property
+    def draft(self) -> CountingDraft | None:
+        """The speculative draft in use (None when speculation is off)."""
+        return self._draft
+
+    def set_speculative(self, speculative: SpeculativeConfig) -> None:
+        """Switch speculative decoding without reloading the model (a draft model loads)."""
+        if speculative.mode == "draft_model" and speculative.draft_model_path:
+            require_compatible_draft(self.model_path, Path(speculative.draft_model_path))
+        draft = make_draft(speculative, self.config)
+        old, self._draft = self._draft, draft
+        self._llama.attach_draft(draft)
+        self.config = self.config.with_changes(speculative=speculative)
+        if old is not None:
+            old.close()
+
+    @contextlib.contextmanager
+    def speculation_paused(self) -> Iterator[None]:
+        """Generate without the draft for a while, keeping it (and a draft model's cache)."""
+        draft, self._draft = self._draft, None
+        self._llama.attach_draft(None)
+        try:
+            yield
+        finally:
+            self._draft = draft
+            self._llama.attach_draft(draft)
+
+    def live_speculation(self) -> SpeculationStats | None:
+        """Drafted/accepted so far in the running generation (read from another thread)."""
+        return self._draft.live_stats() if self._draft is not None else None
+
     def close(self) -> None:
+        if self._draft is not None:
+            self._draft.close()
+            self._draft = None
         self._llama.close()
 
     def clear_cache(self) -> None:
@@ -212,9 +263,20 @@ class Engine:
         cancel = cancel or threading.Event()
         reused = self._reuse_cached_prefix(prompt_tokens)
         run = _GenerationRun(self, sampling, started, len(prompt_tokens), reused, reply)
+        if self._draft is not None:
+            self._draft.begin_generation()
         with self._armed_abort(cancel):
             text = run.stream(self._token_stream(prompt_tokens, sampling), on_text, cancel)
-        return GenerationResult(text=text, metrics=run.metrics())
+        stats = self._settle_draft(prompt_tokens, run)
+        return GenerationResult(text=text, metrics=run.metrics(stats), tokens=tuple(run.sampled))
+
+    def _settle_draft(
+        self, prompt_tokens: Sequence[int], run: _GenerationRun
+    ) -> SpeculationStats | None:
+        if self._draft is None:
+            return None
+        produced = np.array([*prompt_tokens, *run.sampled], dtype=np.intc)
+        return self._draft.finish_generation(produced)
 
     def _check_prompt_fits(self, n_prompt: int, sampling: SamplingParams) -> None:
         if n_prompt == 0:
@@ -350,6 +412,7 @@ class _GenerationRun:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.completion_tokens = 0
+        self.sampled: list[int] = []  # every token the model sampled, the final EOS included
         self.stop_reason = "eos"
 
     def stream(
@@ -388,6 +451,7 @@ class _GenerationRun:
         try:
             for token in tokens:
                 self._note_token()
+                self.sampled.append(token)
                 if self.engine.is_end_of_generation(token):
                     self.stop_reason = "eos"
                     return
@@ -418,7 +482,7 @@ class _GenerationRun:
             self.engine.prompt_evaluated()
         self.last_token_at = now
 
-    def metrics(self) -> GenerationMetrics:
+    def metrics(self, speculative: SpeculationStats | None = None) -> GenerationMetrics:
         ended = time.perf_counter()
         evaluated = self.n_prompt - self.reused
         ttft = prompt_rate = decode_rate = None
@@ -439,6 +503,7 @@ class _GenerationRun:
             decode_tok_s=decode_rate,
             total_s=ended - self.started,
             stop_reason=self.stop_reason,
+            speculative=speculative,
         )
 
     def _decode_steps(self) -> int:
@@ -447,25 +512,19 @@ class _GenerationRun:
         return sampled - 1
 
 
-def _load_llama(config: EngineConfig, *, verbose: bool) -> llama_cpp.Llama:
+def _load_llama(config: EngineConfig, *, verbose: bool) -> SpeculativeLlama:
+    """The target model; its speculative draft is attached afterwards (`set_speculative`)."""
     kwargs = config.llama_kwargs()
-    if config.speculative.mode == "prompt_lookup":
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        kwargs["draft_model"] = LlamaPromptLookupDecoding(
-            max_ngram_size=config.speculative.ngram_size,
-            num_pred_tokens=config.speculative.draft_tokens,
-        )
     native_log.install()
     native_log.forget()
     try:
         if config.tensor_overrides:
-            return LlamaWithOverrides(
+            return SpeculativeLlamaWithOverrides(
                 **kwargs,
                 verbose=verbose,
                 tensor_overrides=native_overrides(config.tensor_overrides),
             )
-        return llama_cpp.Llama(**kwargs, verbose=verbose)
+        return SpeculativeLlama(**kwargs, verbose=verbose)
     except (ValueError, RuntimeError) as exc:
         reason = native_log.last_failure_line()
         raise EngineLoadError(

@@ -3,6 +3,9 @@
 The CLI, the window and the API all submit jobs here; nobody else touches a `Llama`. Every
 job has its own cancel event, checked between tokens (and inside long prompt evaluations),
 so cancelling one reply never disturbs another. A full queue refuses new work at once.
+
+The service holds either a local `Engine` (loaded from an `EngineConfig`) or a `RemoteEngine`
+(connected from a `RemoteConfig`); `chat` works the same over both, `call` needs a local one.
 """
 
 from __future__ import annotations
@@ -13,23 +16,27 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, TextCallback
+from hearthside.core.engine.remote import RemoteConfig, RemoteEngine
 from hearthside.core.errors import EngineError, JobCancelledError, QueueFullError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_MAX_QUEUE = 8
 EngineFactory = Callable[[EngineConfig], Engine]
+RemoteFactory = Callable[[RemoteConfig], RemoteEngine]
+LoadedEngine = Engine | RemoteEngine
+AnyConfig = EngineConfig | RemoteConfig
 
 
 @dataclass
 class Job(Generic[T]):
     """Work to run on the engine thread: `run(engine, cancel)` returns the job's result."""
 
-    run: Callable[[Engine | None, threading.Event], T]
+    run: Callable[[LoadedEngine | None, threading.Event], T]
     description: str = "job"
     cancel_event: threading.Event = field(default_factory=threading.Event)
     future: Future[T] = field(default_factory=Future)
@@ -53,10 +60,12 @@ class EngineService:
         *,
         max_queue: int = DEFAULT_MAX_QUEUE,
         engine_factory: EngineFactory = Engine,
+        remote_factory: RemoteFactory = RemoteEngine,
     ) -> None:
         self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
         self._engine_factory = engine_factory
-        self._engine: Engine | None = None
+        self._remote_factory = remote_factory
+        self._engine: LoadedEngine | None = None
         self._thread = threading.Thread(target=self._work, name="hearthside-engine", daemon=True)
         self._started = False
         self._stopping = False
@@ -86,9 +95,15 @@ class EngineService:
         self.stop()
 
     @property
-    def loaded_config(self) -> EngineConfig | None:
+    def loaded_config(self) -> AnyConfig | None:
+        """The loaded model's config; a `RemoteConfig` is resolved (model and context filled in
+        from what the server said)."""
         engine = self._engine
         return engine.config if engine is not None else None
+
+    @property
+    def is_remote(self) -> bool:
+        return isinstance(self._engine, RemoteEngine)
 
     @property
     def busy(self) -> bool:
@@ -114,11 +129,23 @@ class EngineService:
             ) from None
         return job
 
-    def load(self, config: EngineConfig) -> Job[EngineConfig]:
-        """Load `config`'s model in place of the current one, which is unloaded first."""
+    @overload
+    def load(self, config: EngineConfig) -> Job[EngineConfig]: ...
+    @overload
+    def load(self, config: RemoteConfig) -> Job[RemoteConfig]: ...
+    @overload
+    def load(self, config: AnyConfig) -> Job[AnyConfig]: ...
 
-        def run(_engine: Engine | None, _cancel: threading.Event) -> EngineConfig:
+    def load(self, config: AnyConfig) -> Job[Any]:
+        """Load `config`'s model (or connect to its server) in place of the current one, which
+        is unloaded first. The job's result is the config as loaded."""
+
+        def run(_engine: LoadedEngine | None, _cancel: threading.Event) -> AnyConfig:
             self._unload()
+            if isinstance(config, RemoteConfig):
+                remote = self._remote_factory(config)
+                self._engine = remote
+                return remote.config
             self._engine = self._engine_factory(config)
             return config
 
@@ -133,13 +160,17 @@ class EngineService:
         """Queue a chat reply; `on_text` is called on the engine thread with each new piece."""
         history = list(messages)
 
-        def run(engine: Engine | None, cancel: threading.Event) -> GenerationResult:
+        def run(engine: LoadedEngine | None, cancel: threading.Event) -> GenerationResult:
             return _require(engine).chat(history, sampling, on_text=on_text, cancel=cancel)
 
         return self.submit(Job(run, description="chat"))
 
     def call(self, fn: Callable[[Engine], T], description: str = "call") -> Job[T]:
-        """Queue any function of the loaded engine (benchmarks, tokenizing)."""
+        """Queue any function of a local engine (benchmarks, tokenizing); refused for a remote."""
+        return self.submit(Job(lambda engine, _cancel: fn(_require_local(engine)), description))
+
+    def call_any(self, fn: Callable[[LoadedEngine], T], description: str = "call") -> Job[T]:
+        """Queue a function that works on either kind of engine (`n_ctx`, `config`, `chat`)."""
         return self.submit(Job(lambda engine, _cancel: fn(_require(engine)), description))
 
     # ---- the worker thread -------------------------------------------------------------
@@ -184,7 +215,18 @@ class EngineService:
             self._engine = None
 
 
-def _require(engine: Engine | None) -> Engine:
+def _require(engine: LoadedEngine | None) -> LoadedEngine:
     if engine is None:
         raise EngineError("No model is loaded.", hint="Load a model first.")
     return engine
+
+
+def _require_local(engine: LoadedEngine | None) -> Engine:
+    loaded = _require(engine)
+    if isinstance(loaded, RemoteEngine):
+        raise EngineError(
+            "This needs a model loaded on this computer; the current one runs on "
+            f"{loaded.config.describe()}.",
+            hint="Load a local model for this.",
+        )
+    return loaded

@@ -4,6 +4,10 @@ No module globals: everything a route needs comes from the factory's arguments. 
 becomes a job in the same bounded queue the chat window uses, so a request never pre-empts
 another's generation, a full queue answers 503 at once, and a client that goes away cancels
 its own job within one token.
+
+When the service holds a `RemoteEngine`, the API is a proxy: chat, completion and embedding
+requests go to the remote server as they came (tools and response_format included), through
+the same queue, and its answers come back with this server's model name.
 """
 
 from __future__ import annotations
@@ -15,18 +19,21 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearthside.core.engine.config import EngineConfigError, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
-from hearthside.core.engine.service import EngineService, Job
+from hearthside.core.engine.remote import RemoteEngine, RemoteServerError
+from hearthside.core.engine.service import EngineService, Job, LoadedEngine
 from hearthside.core.errors import (
     ContextOverflowError,
+    EngineError,
     HearthsideError,
     JobCancelledError,
     QueueFullError,
@@ -42,6 +49,7 @@ from hearthside.core.server.security import SecurityMiddleware, SecurityPolicy, 
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context_full": "length"}
 DISCONNECT_POLL_S = 0.1
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,10 @@ def error_response(exc: HearthsideError) -> JSONResponse:
         return openai_error(400, exc.message, type_="invalid_request_error")
     if isinstance(exc, JobCancelledError):
         return openai_error(499, exc.message, type_="invalid_request_error", code="cancelled")
+    if isinstance(exc, RemoteServerError):
+        status = exc.client_status
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return openai_error(status, exc.message, type_=kind, code="upstream_error")
     return openai_error(500, exc.message, type_="server_error")
 
 
@@ -185,16 +197,27 @@ def _add_routes(app: FastAPI, settings: ServerSettings, service: EngineService) 
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        if service.is_remote:
+            _sampling(body, settings)  # the same limits as for a local model
+            relay = _Relay("chat/completions", _as_sent(body), body.stream, settings.model_id)
+            return await relay.respond(request, service)
         plan = _chat_plan(body, settings)
         return await _respond(plan, body.stream, body.include_usage(), request, service, settings)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        if service.is_remote:
+            _sampling(body, settings)
+            relay = _Relay("completions", _as_sent(body), body.stream, settings.model_id)
+            return await relay.respond(request, service)
         plan = _completion_plan(body, settings)
         return await _respond(plan, body.stream, body.include_usage(), request, service, settings)
 
     @app.post("/v1/embeddings")
-    async def embeddings(_body: EmbeddingRequest) -> Response:
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+        if service.is_remote:
+            relay = _Relay("embeddings", _as_sent(body), False, settings.model_id)
+            return await relay.respond(request, service)
         return openai_error(
             400,
             "The loaded model is a text generator and does not provide embeddings.",
@@ -314,27 +337,27 @@ async def _respond(
 def _submit(
     plan: GenerationPlan, service: EngineService, on_text: Callable[[str], None] | None
 ) -> Job[GenerationResult]:
-    def run(engine: Engine | None, cancel: Any) -> GenerationResult:
+    def run(engine: LoadedEngine | None, cancel: Any) -> GenerationResult:
         if engine is None:
             raise HearthsideError("No model is loaded.")
+        if isinstance(engine, RemoteEngine):
+            raise _model_changed()
         return plan.run(engine, cancel, on_text)
 
     return service.submit(Job(run, description=plan.kind))
 
 
-def _thread_safe_put(queue: asyncio.Queue[str | None]) -> Callable[[str | None], None]:
+def _thread_safe_put(queue: asyncio.Queue[T]) -> Callable[[T], None]:
     """A callback the engine thread may call to hand items to this event loop's queue."""
     loop = asyncio.get_running_loop()
 
-    def put(item: str | None) -> None:
+    def put(item: T) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, item)
 
     return put
 
 
-async def _wait_unless_client_leaves(
-    job: Job[GenerationResult], request: Request
-) -> GenerationResult:
+async def _wait_unless_client_leaves(job: Job[T], request: Request) -> T:
     pending = asyncio.wrap_future(job.future)
     while True:
         done, _ = await asyncio.wait({pending}, timeout=DISCONNECT_POLL_S)
@@ -471,3 +494,106 @@ def _usage(result: GenerationResult) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+
+
+# ---- proxy mode: passing requests on to a remote server --------------------------------------
+
+
+def _as_sent(body: BaseModel) -> dict[str, Any]:
+    """The request as the client wrote it (known fields only); the engine sets the model."""
+    return body.model_dump(exclude_unset=True, exclude={"model"})
+
+
+def _model_changed() -> EngineError:
+    return EngineError(
+        "The model changed while this request waited.", hint="Send the request again."
+    )
+
+
+@dataclass(frozen=True)
+class _Relay:
+    """One request passed on to the remote server behind the service."""
+
+    route: str
+    payload: dict[str, Any]
+    stream: bool
+    model_id: str
+
+    async def respond(self, request: Request, service: EngineService) -> Response:
+        if self.stream:
+            return await self._respond_streaming(request, service)
+        job = service.submit(Job(self._run_whole, description=f"relay {self.route}"))
+        try:
+            reply = await _wait_unless_client_leaves(job, request)
+        except ClientGone:
+            return Response(status_code=499)
+        return JSONResponse(self._renamed(reply or {}))
+
+    async def _respond_streaming(self, request: Request, service: EngineService) -> Response:
+        events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        put = _thread_safe_put(events)
+
+        def run(engine: LoadedEngine | None, cancel: Any) -> None:
+            self._run_stream(engine, cancel, put)
+
+        job = service.submit(Job(run, description=f"relay {self.route}"))
+        job.future.add_done_callback(lambda _f: put(None))
+        try:
+            first = await _first_event(events, job, request)
+        except ClientGone:
+            return Response(status_code=499)
+        if first is None:
+            job.result()  # an error before the first event gets a proper status
+        return StreamingResponse(self._stream(first, events, job), media_type="text/event-stream")
+
+    def _run_whole(self, engine: LoadedEngine | None, cancel: Any) -> dict[str, Any] | None:
+        return _remote(engine).relay(self.route, self.payload, cancel=cancel)
+
+    def _run_stream(
+        self, engine: LoadedEngine | None, cancel: Any, put: Callable[[Any], None]
+    ) -> None:
+        _remote(engine).relay(self.route, self.payload, on_event=put, cancel=cancel)
+
+    async def _stream(
+        self,
+        first: dict[str, Any] | None,
+        events: asyncio.Queue[dict[str, Any] | None],
+        job: Job[None],
+    ) -> AsyncIterator[bytes]:
+        try:
+            event = first
+            while event is not None:
+                yield _sse(self._renamed(event))
+                event = await events.get()
+            try:
+                job.result()
+            except HearthsideError as exc:
+                yield _sse({"error": json.loads(bytes(error_response(exc).body))["error"]})
+                return
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not job.done():  # the client went away mid-stream
+                job.cancel()
+
+    def _renamed(self, reply: dict[str, Any]) -> dict[str, Any]:
+        return {**reply, "model": self.model_id} if "model" in reply else reply
+
+
+def _remote(engine: LoadedEngine | None) -> RemoteEngine:
+    if not isinstance(engine, RemoteEngine):
+        raise _model_changed()
+    return engine
+
+
+async def _first_event(
+    events: asyncio.Queue[dict[str, Any] | None], job: Job[None], request: Request
+) -> dict[str, Any] | None:
+    """The stream's first event (None when the job ended without one); polls for the client
+    leaving while the remote evaluates the prompt."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                job.cancel()
+                raise ClientGone() from None

@@ -122,11 +122,49 @@ def _publish(draft: Path, path: Path) -> str | None:
     return None
 
 
+def write_private_file(path: Path, content: bytes) -> None:
+    """Replace `path` with `content` at once (no reader sees half of it), private to this user.
+
+    For other secrets kept like our own key: a remote server's key, the list of remotes.
+    """
+    ensure_private_dir(path.parent)
+    draft = _write_private_bytes(path, content)
+    try:
+        os.replace(draft, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            draft.unlink()
+
+
+def read_private_text(path: Path, max_bytes: int = MAX_KEY_FILE_BYTES) -> str | None:
+    """The text of a private file, or None when it is missing, a symlink, too big or not UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
+    with os.fdopen(fd, "rb") as file:
+        raw = file.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def _write_private_draft(path: Path, key: str) -> Path:
+    return _write_private_bytes(path, key.encode("ascii") + b"\n")
+
+
+def _write_private_bytes(path: Path, content: bytes) -> Path:
     draft = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(draft, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_FILE_MODE)
     with os.fdopen(fd, "wb") as file:
-        file.write(key.encode("ascii") + b"\n")
+        file.write(content)
         file.flush()
         os.fsync(file.fileno())
     return draft

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from hearthside.app.cli import main
+from hearthside.core.models.store import ModelStore
+from hearthside.core.paths import data_dir
+from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
 SPECS = Path(__file__).parents[1] / "fixtures" / "probe" / "specs"
 
@@ -83,3 +87,63 @@ def test_a_model_bigger_than_memory_is_planned_to_stream_from_disk(
     assert code == 0
     assert "streams from disk" in out and "bound by disk" in out
     assert "Advice" in out
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("tiny-variants")
+    return {
+        quant: write_synthetic_gguf(folder / f"tiny-{quant.lower()}.gguf", "tiny-dense", quant)
+        for quant in ("Q8_0", "Q4_0")
+    }
+
+
+@pytest.fixture
+def installed_variants(tiny_files: dict[str, Path]) -> str:
+    """A small synthetic model installed as Q8_0, with a Q4_0 variant made from it."""
+    with ModelStore(data_dir()) as store:
+        for quant, source in tiny_files.items():
+            target = store.models_dir / source.name
+            shutil.copyfile(source, target)
+            store.register_installed(
+                target,
+                model_id=source.stem,
+                source="file" if quant == "Q8_0" else "quantized:tiny-q8_0",
+                variant_of=None if quant == "Q8_0" else "tiny-q8_0",
+                check_native=False,
+            )
+    return "tiny-q4_0"
+
+
+def test_a_model_with_variants_shows_the_chosen_one_and_the_others(
+    installed_variants: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = str(SPECS / "two-rtx-3090.json")
+    code = main(["plan", installed_variants, "--hardware-spec", spec, "--goal", "quality"])
+    text = capsys.readouterr().out
+    assert code == 0
+    first = text.splitlines()[0]
+    assert first.startswith("Variant   Q8_0 (tiny-q8_0) chosen for goal quality")
+    assert "Q4_0 (tiny-q4_0)" in text
+    assert "Q2_K (can be made from tiny-q8_0)" in text
+
+
+def test_variants_as_json_name_the_choice_and_the_runners_up(
+    installed_variants: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = str(SPECS / "two-rtx-3090.json")
+    code = main(
+        ["plan", installed_variants, "--hardware-spec", spec, "--goal", "fastest", "--json"]
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    chosen = document["variants"]["chosen"]
+    assert chosen["can_be_made"] and chosen["variant"] == "Q2_K"  # the fewest bytes per token
+    assert document["config"]["n_gpu_layers"] == -1  # the chosen variant's Plan, as before
+    assert {row["variant"] for row in document["variants"]["runners_up"]} >= {"Q8_0", "Q4_0"}
+
+    main(["plan", installed_variants, "--hardware-spec", spec, "--goal", "fastest", "--json",
+          "--installed-only"])  # fmt: skip
+    only = json.loads(capsys.readouterr().out)["variants"]
+    assert only["chosen"]["variant"] == "Q4_0"
+    assert not any(row["can_be_made"] for row in only["runners_up"])

@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from hearthside.autotune.memory import CPU
-from hearthside.autotune.planner import Plan, cpu_expert_layers, plan
+from hearthside.autotune.planner import (
+    DECODE_EFFICIENCY,
+    PREFILL_EFFICIENCY,
+    Plan,
+    _efficiency,
+    cpu_expert_layers,
+    describe_machine,
+    plan,
+)
 from hearthside.core.models.catalog import catalog_spec
 from hearthside.core.models.descriptor import spec_from_descriptor
 from hearthside.core.probe.profile import HardwareProfile
@@ -187,3 +195,54 @@ def test_a_plan_is_json() -> None:
     data = json.loads(json.dumps(result.to_dict()))
     assert data["config"]["n_ctx"] == result.config.n_ctx
     assert {"weights_bytes", "kv_bytes", "free_bytes"} <= set(data["devices"][0])
+
+
+def test_a_fixed_cost_per_layer_weighs_on_small_models_most() -> None:
+    profile = machine(memory_gb=32)
+    figures = {"cpu_read_bytes_per_s": 20e9, "decode_efficiency": 0.6}
+    overhead = {**figures, "decode_overhead_s_per_layer": 30e-6}  # recorded on a 2-core VM
+    small, big = catalog_spec("gemma-3-1b"), catalog_spec("llama-3.1-70b")
+    slowdown = {
+        name: plan(spec, profile, n_ctx=2048, calibration=overhead).speed.decode_tps_empty_context
+        / plan(spec, profile, n_ctx=2048, calibration=figures).speed.decode_tps_empty_context
+        for name, spec in (("small", small), ("big", big))
+    }
+    assert slowdown["small"] < slowdown["big"] < 1.0
+
+
+def test_each_weight_type_reads_at_its_own_calibrated_efficiency() -> None:
+    profile = machine(memory_gb=32)
+    spec = catalog_spec("llama-3.1-8b")  # Q4_K_M: Q4_K and Q6_K weights
+    base = {"cpu_read_bytes_per_s": 20e9, "decode_efficiency": 0.6}
+    slow_k = {**base, "decode_efficiency:Q4_K": 0.3, "decode_efficiency:Q6_K": 0.3}
+    fast = plan(spec, profile, n_ctx=2048, calibration=base).speed.decode_tps_empty_context
+    slow = plan(spec, profile, n_ctx=2048, calibration=slow_k).speed.decode_tps_empty_context
+    assert slow == pytest.approx(fast / 2, rel=0.05)  # nearly all bytes are Q4_K and Q6_K
+
+
+def test_a_type_never_measured_takes_the_nearest_measured_one() -> None:
+    profile = machine(memory_gb=32)  # AVX2: Q4_0 and Q4_K are repacked
+    calibration = {
+        "cpu_read_bytes_per_s": 20e9,
+        "decode_efficiency": 0.5,
+        "decode_efficiency:Q8_0": 0.6,
+        "decode_efficiency:Q4_0": 0.8,
+        "decode_efficiency:Q2_K": 0.4,
+    }
+    machine_view = describe_machine(profile, calibration)
+    assert _efficiency(machine_view, "decode", "Q4_K", CPU) == 0.8  # repacked like Q4_0
+    assert _efficiency(machine_view, "decode", "Q3_K", CPU) == 0.4  # 3.4 bits: nearest Q2_K
+    assert _efficiency(machine_view, "decode", "F16", CPU) == 0.6  # nearest by bits: Q8_0
+    assert _efficiency(machine_view, "decode", "Q6_K", "CUDA0") == 0.5  # GPUs: overall figure
+    uncalibrated = describe_machine(profile, {})
+    assert _efficiency(uncalibrated, "decode", "Q4_K", CPU) == DECODE_EFFICIENCY
+
+
+def test_prefill_counts_the_blocks_not_the_embeddings() -> None:
+    profile = machine(memory_gb=32)
+    spec = catalog_spec("gemma-3-1b")  # 302M of its 1B weights are the embeddings
+    result = plan(spec, profile, n_ctx=2048, calibration={"cpu_flops": 100e9})
+    blocks = spec.layer_params
+    assert result.speed.prefill_tps == pytest.approx(
+        100e9 * PREFILL_EFFICIENCY / (2 * blocks), rel=0.05
+    )

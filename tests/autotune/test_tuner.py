@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from hearthside.autotune.tuner import TuneEvent, candidates, llama_cpp_python_defaults, tune
+from hearthside.autotune.tuner import (
+    TuneEvent,
+    candidates,
+    llama_cpp_python_defaults,
+    save_tuned_defaults,
+    tune,
+)
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig, TensorOverride
 from hearthside.core.probe.runner import probe_hardware
@@ -52,9 +59,25 @@ def test_a_tuning_run_is_stored_and_answers_the_next_one(
         assert first.audit is not None and first.audit.holds, first.audit
         assert wisdom.latest_audit(first.key, first.best.config) == first.audit.to_dict()
         assert wisdom.efficiency(first.key.machine, first.key.engine, "CPU", "decode").samples
+        # Speculation was measured on the winner, per workload, with a reason either way.
+        assert [d.workload for d in first.speculation] == ["chat", "code_edit", "summarise"]
+        assert all(decision.reason for decision in first.speculation)
+        chat = first.speculation[0]
+        assert default.config["speculative"] == asdict(chat.chosen)
 
         events.clear()
-        second = tune(small_model, profile, budget_s=8, wisdom=wisdom, listener=events.append)
+        second = tune(
+            small_model,
+            profile,
+            budget_s=8,
+            wisdom=wisdom,
+            listener=events.append,
+            save_default=False,  # as the wizard does: it saves on Apply
+        )
+        assert wisdom.default_for(first.key) == default
+        assert save_tuned_defaults(wisdom, second)  # what the wizard's Apply does
+        saved = wisdom.default_for(first.key)
+        assert saved is not None and saved.updated_at > default.updated_at
         reused = [event for event in events if event.kind == "reused"]
         assert len(reused) >= len(measured)  # nothing measured twice at the same rigor
         assert second.baseline is not None

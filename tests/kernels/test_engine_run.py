@@ -4,17 +4,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from hearthside.autotune.memory import pieces_from_gguf
+from hearthside.autotune.planner import token_work
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.models.gguf_validator import validate_gguf
+from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.probe.profile import EngineDevice
 from hearthside.kernels.engine_run import (
+    MAX_PROBE_BYTES,
+    MIN_PROBE_BYTES,
     N_GEN,
     N_PROMPT,
+    OVERHEAD_PROBE,
+    PREFILL_WEIGHTS,
+    PROBE_TYPES,
+    READ_BYTES,
     EngineBackend,
+    SpeedProbe,
     backend_label,
     backends_for,
     engine_weight,
     measure_engine,
+    measure_probes,
+    per_token_work,
+    speed_probes,
+    type_bits,
+    work_by_type,
 )
 from hearthside.kernels.measurement import Budget
+from hearthside.kernels.synthetic_model import SyntheticShape
 
 
 def test_ggml_device_names_become_measurement_devices() -> None:
@@ -75,3 +95,48 @@ def test_a_file_the_engine_cannot_load_is_reported_not_raised(tmp_path: Path) ->
     )
     assert len(measurements) == 2 and not any(m.ok for m in measurements)
     assert measurements[0].note.startswith("not measured: ")
+
+
+def test_per_token_work_of_the_default_model(default_model_file: Path) -> None:
+    work = per_token_work(validate_gguf(default_model_file))
+    assert (work["n_layers"], work["n_vocab"]) == (18, 262144)
+    read = work_by_type(work, READ_BYTES)
+    # tied embeddings: the 262k x 640 Q8_0 matrix is the output layer, read for every token
+    assert read["Q8_0"] > 170 * 2**20
+    assert set(read) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+    multiplied = work_by_type(work, PREFILL_WEIGHTS)
+    assert 95e6 < sum(multiplied.values()) < 105e6  # the blocks only: ~100M of the 268M
+
+
+def test_the_planner_counts_a_token_the_way_the_calibration_does(
+    default_model_file: Path,
+) -> None:
+    info = validate_gguf(default_model_file)
+    spec = spec_from_gguf(default_model_file)
+    work = token_work(spec, EngineConfig(str(default_model_file)), (), pieces_from_gguf(info))
+    recorded = per_token_work(info)
+    assert work.read_bytes["CPU"] == pytest.approx(work_by_type(recorded, READ_BYTES))
+    assert work.prefill_weights["CPU"] == pytest.approx(work_by_type(recorded, PREFILL_WEIGHTS))
+    assert work.layers == {"CPU": 18}
+
+
+def test_speed_probes_outgrow_the_cache_and_fill_k_quant_blocks() -> None:
+    probes = speed_probes(32 << 20)
+    assert [probe.name for probe in probes] == [OVERHEAD_PROBE, *PROBE_TYPES]
+    for probe in probes[1:]:
+        shape = probe.shape
+        weights = shape.n_layers * 14.5 * shape.n_embd**2
+        assert MIN_PROBE_BYTES * 0.7 < weights * type_bits(probe.type_name) / 8 < MAX_PROBE_BYTES
+        assert shape.n_embd % 256 == 0 and shape.n_ff % 256 == 0
+    big_cache = speed_probes(1 << 30)[1].shape  # capped: a server's cache is not read 5 times
+    assert big_cache.n_layers * 14.5 * big_cache.n_embd**2 * 8.5 / 8 < MAX_PROBE_BYTES * 1.2
+
+
+def test_a_probe_is_written_measured_tagged_and_deleted(tmp_path: Path) -> None:
+    tiny_q2_k = SpeedProbe("Q2_K", "Q2_K", SyntheticShape("llama", 2, 256, 4, 1, 512, n_vocab=512))
+    budget = Budget(4.0, engine_weight((), [tiny_q2_k]))
+    prefill, decode = measure_probes([tiny_q2_k], quick=True, budget=budget, warmup_s=0.05)
+    assert prefill.ok and decode.ok, (prefill.note, decode.note)
+    assert decode.params["probe"] == "Q2_K" and decode.params["n_layers"] == 2
+    assert set(work_by_type(decode.params, READ_BYTES)) == {"Q2_K"}  # uniform, unlike a mix
+    assert not Path(decode.params["model_path"]).exists()

@@ -125,10 +125,12 @@ def test_the_app_owns_one_engine_and_stops_it_on_close(
     hearthside = HearthsideApp(
         create_application(), GuiOptions(model=str(default_model_file), probe_on_start=False)
     )
-    assert len(set(_engine_threads()) - engines_before) == 1  # one engine for the app
+    assert hearthside.service is None  # the engine starts once the window is on screen
     hearthside.start()
     window = hearthside.window
     qtbot.waitUntil(lambda: window.bridge.loaded_model is not None, timeout=REPLY_TIMEOUT_MS)
+    assert len(set(_engine_threads()) - engines_before) == 1  # one engine for the app
+    assert hearthside.service is not None
     assert window.isVisible() and window.windowTitle() == "Hearthside"
     assert window.bridge.service is hearthside.service
     assert window.api_switch.parent() is window.toolbar

@@ -18,6 +18,17 @@ EXPECTED = {
     "models_page.png": (1280, 800),
     "main_window.png": (1400, 900),
     "main_window_hardware.png": (1400, 900),
+    "main_window_plan.png": (1400, 900),
+    "plan_page.png": (1280, 1200),
+    "plan_page_what_if.png": (1280, 1200),
+    "plan_page_recipe_8x_h100.png": (1280, 1200),
+    "plan_page_recipe_2x_gb10.png": (1280, 1200),
+    "hub_dialog.png": (1100, 700),
+    "wizard_1_found.png": (1000, 700),
+    "wizard_2_goal.png": (1000, 700),
+    "wizard_3_measuring.png": (1000, 700),
+    "wizard_3_measuring_live.png": (1000, 700),
+    "wizard_4_result.png": (1000, 700),
 }
 
 

@@ -1,0 +1,1507 @@
+"""The "Optimize for my hardware" wizard: what was found, goal and model, measuring, result.
+
+    wizard = OptimizeWizard(service, hardware_page.profile, window, current_model_id=...)
+    wizard.applied.connect(lambda tuning: bridge.load(tuning.config, tuning.model_name,
+                                                      tuning.model_id))
+    wizard.open()
+
+1. What was found: the probe's summary (a profile given, a callable that returns one, or a
+   probe in a child process) and whether this machine was calibrated, with an offer to do so.
+2. Goal and model: the planner's four goals; the registered models plus catalog models the
+   planner says fit here (those cannot be measured: they get a plan only); the time budget.
+3. Measuring: the tuner on the chosen model, live, with a chart of its candidates.
+4. Result: the chosen settings beside llama.cpp's own defaults, the measured speed-up, the
+   reasons and the context check. Apply stores them as the model's default on this machine and
+   emits `applied` so the window can reload the chat engine with them.
+
+The engine question: the tuner loads engines of its own, and two engines decoding at once on
+a small machine would spoil both the chat and the measurements. So the whole measurement runs
+as ONE EngineService job: the service's single thread runs it, chat replies and API requests
+wait in the service's queue behind it (API clients get the queue's usual 503 once it is full),
+and the job's own cancel event is the tuner's cancel event. The chat model stays loaded but
+idle, so nothing has to be reloaded afterwards; Apply asks the window to reload it with the
+new settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import inspect
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from PySide6.QtCore import (
+    QModelIndex,
+    QObject,
+    QPersistentModelIndex,
+    QRect,
+    QSize,
+    Qt,
+    QTimer,
+    Signal,
+)
+from PySide6.QtGui import QFont, QFontMetrics, QPainter
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QButtonGroup,
+    QCheckBox,
+    QFormLayout,
+    QFrame,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QRadioButton,
+    QSizePolicy,
+    QSlider,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+    QWizard,
+    QWizardPage,
+)
+
+from hearthside.app.gui.tune_chart import TuneChart, candidate_label
+from hearthside.app.gui.workers import MainThreadRelay, run_in_background
+from hearthside.autotune.calibration import calibration_for, describe_figures, store_calibration
+from hearthside.autotune.capacity import CapacityAudit, audit_context
+from hearthside.autotune.fingerprint import TuningKey, tuning_key
+from hearthside.autotune.planner import GOALS, Goal, Plan, Reason, plan
+from hearthside.autotune.tuner import (
+    TUNING_CONTEXT,
+    TuneEvent,
+    TuneResult,
+    llama_cpp_python_defaults,
+    tune,
+)
+from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.engine import Engine
+from hearthside.core.engine.service import EngineService, Job
+from hearthside.core.errors import EngineError, HearthsideError, JobCancelledError, ModelFileError
+from hearthside.core.models.catalog import catalog_entry, catalog_ids, catalog_spec
+from hearthside.core.models.store import ModelRecord, ModelStore, human_size
+from hearthside.core.paths import data_dir, models_dir
+from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.probe.runner import probe_in_subprocess
+from hearthside.core.serialize import from_jsonable, to_jsonable
+from hearthside.kernels.calibrate import run_calibration
+from hearthside.kernels.results import save_calibration
+
+ProfileSource = HardwareProfile | Callable[[], HardwareProfile] | None
+PAGE_FOUND, PAGE_GOAL, PAGE_MEASURE, PAGE_RESULT = range(4)
+GIB = 1024**3
+DEFAULT_GOAL: Goal = "balanced"
+GOAL_TEXT: dict[str, tuple[str, str]] = {
+    "fastest": ("&Fastest replies", "The most tokens per second, even with a shorter context."),
+    "quality": ("Best &quality", "Keeps the KV cache at full precision; a little slower."),
+    "longest-context": (
+        "&Longest context",
+        "As much conversation as memory holds; speed comes second.",
+    ),
+    "balanced": (
+        "B&alanced (recommended)",
+        "Good speed with room for long chats; a quick first reply counts too.",
+    ),
+}
+BUDGET_MIN_S, BUDGET_MAX_S, BUDGET_STEP_S, DEFAULT_BUDGET_S = 30, 600, 15, 60
+CALIBRATION_BUDGET_S = 8.0
+MAX_SUGGESTIONS = 6
+# Decode speed-ups inside this band are measurement noise, not a difference.
+SAME_SPEED_BAND = (0.95, 1.05)
+TICK_MS = 250
+INDENT_PX = 24
+RECORDING_SCHEMA = 1
+RECORDING = "tune_events.json"
+STYLE = """
+QFrame#card { background: palette(base); border: 1px solid palette(midlight);
+              border-radius: 8px; }
+QLabel#muted { color: palette(placeholder-text); }
+QLabel#headline { font-size: 17pt; font-weight: 600; }
+QLabel#status { font-weight: 600; }
+QLabel#error { color: #c5221f; }
+QLabel#goalNote { color: palette(placeholder-text); }
+"""
+
+
+# ---- data ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Survey:
+    """Page 1's facts: the machine and its calibration figures ({} when never calibrated)."""
+
+    profile: HardwareProfile
+    calibration: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    ref: str  # the registered id, or the catalog id
+    name: str
+    detail: str
+    path: Path | None  # None: a catalog model, nothing to measure
+    available: bool = True  # False: registered, but its file is gone
+    is_default: bool = False
+
+    @property
+    def installed(self) -> bool:
+        return self.path is not None
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    model_path: Path | None  # None: calibrate only (a catalog model gets a plan afterwards)
+    profile: HardwareProfile
+    goal: Goal
+    budget_s: float
+    calibrate: bool
+
+
+@dataclass(frozen=True)
+class MeasureUpdate:
+    """What the measuring job reports, from the engine thread."""
+
+    kind: Literal["started", "calibrating", "calibrated", "candidate", "auditing"]
+    text: str = ""
+    fraction: float | None = None
+    event: TuneEvent | None = None
+    memory_bytes: int | None = None  # what llama.cpp allocated for this candidate
+    outcome: str | None = None  # "oom" / "failed" for a failed candidate
+
+
+@dataclass(frozen=True)
+class AppliedTuning:
+    """What Apply hands to the window: load `model_id` with `config`."""
+
+    model_id: str
+    model_name: str
+    config: EngineConfig
+    speedup: float | None
+
+
+@dataclass(frozen=True)
+class SettingRow:
+    name: str
+    default: str
+    chosen: str
+
+    @property
+    def changed(self) -> bool:
+        return self.default != self.chosen
+
+
+# ---- facts, pure or blocking (worker threads) -------------------------------------------------
+
+
+def survey(profile: HardwareProfile) -> Survey:
+    with WisdomDB() as db:
+        return Survey(profile, calibration_for(profile, db))
+
+
+def summary_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
+    cpu, memory = profile.cpu, profile.memory
+    rows = [
+        ("Processor", f"{cpu.model or 'Unknown'} ({cpu.arch})"),
+        ("Cores", f"{cpu.physical_cores or '?'} cores, {cpu.logical_cores or '?'} threads"),
+        ("Instruction sets", " · ".join(flag.upper() for flag in cpu.flags) or "none known"),
+        ("Memory", _memory_text(memory.total_bytes, memory.available_bytes)),
+    ]
+    gpus = [f"{gpu.name}, {_gib(gpu.vram_total_bytes)}" for gpu in profile.gpus]
+    rows.append(("Graphics", "; ".join(gpus) or "none found: the CPU runs the model"))
+    engine = profile.engine
+    if engine is not None:
+        offload = "can use the GPU" if engine.gpu_offload else "CPU only"
+        backends = ", ".join(engine.backends) or "none"
+        rows.append(("Engine", f"llama.cpp ({backends}): {offload}"))
+    return rows
+
+
+def model_choices(profile: HardwareProfile, calibration: Mapping[str, float]) -> list[ModelChoice]:
+    """The registered models, then catalog models the planner says fit, fastest first."""
+    with ModelStore(data_dir()) as store:
+        records = store.list()
+    choices = [_registered_choice(record) for record in records]
+    return choices + catalog_suggestions(profile, dict(calibration))
+
+
+def _registered_choice(record: ModelRecord) -> ModelChoice:
+    parts = [human_size(record.size_bytes), record.quant, record.architecture]
+    detail = " · ".join(part for part in parts if part)
+    if record.is_default:
+        detail += " · default"
+    if not record.path.is_file():
+        missing = "file missing: add it again on the Models page"
+        return ModelChoice(record.id, record.name, missing, record.path, available=False)
+    return ModelChoice(record.id, record.name, detail, record.path, is_default=record.is_default)
+
+
+def catalog_suggestions(
+    profile: HardwareProfile, calibration: dict[str, float]
+) -> list[ModelChoice]:
+    fitting = []
+    for model_id in catalog_ids():
+        planned = plan(catalog_spec(model_id), profile, calibration=calibration)
+        if planned.fits:
+            fitting.append((planned.speed.decode_tps, model_id))
+    fitting.sort(reverse=True)
+    return [_catalog_choice(model_id, speed) for speed, model_id in fitting[:MAX_SUGGESTIONS]]
+
+
+def _catalog_choice(model_id: str, decode_tps: float) -> ModelChoice:
+    entry = catalog_entry(model_id)
+    detail = f"not installed · {entry.quant or 'GGUF'} · about {decode_tps:.0f} tok/s here"
+    return ModelChoice(model_id, entry.name, detail, None)
+
+
+def plan_for_catalog(choice: ModelChoice, survey_: Survey, goal: Goal) -> Plan:
+    return plan(
+        catalog_spec(choice.ref), survey_.profile, goal=goal, calibration=survey_.calibration
+    )
+
+
+def settings_rows(chosen: Mapping[str, Any], default: Mapping[str, Any]) -> list[SettingRow]:
+    """The settings a person can judge, chosen vs llama.cpp's defaults."""
+    fields = (
+        ("Context", lambda c: f"{c.get('n_ctx')} tokens"),
+        ("Decode threads", lambda c: _threads(c.get("n_threads"), "physical cores")),
+        ("Prompt threads", lambda c: _threads(c.get("n_threads_batch"), "every core")),
+        ("Batch / micro-batch", lambda c: f"{c.get('n_batch')} / {c.get('n_ubatch')}"),
+        ("Flash attention", lambda c: "on" if c.get("flash_attn") else "off"),
+        ("KV cache", lambda c: f"{c.get('type_k')} / {c.get('type_v')}"),
+        ("Layers on the GPU", lambda c: _gpu_layers(c.get("n_gpu_layers"))),
+    )
+    return [SettingRow(name, show(default), show(chosen)) for name, show in fields]
+
+
+def verdict(result: TuneResult) -> tuple[str, str]:
+    """The result page's headline and the line under it."""
+    best, baseline = result.best, result.baseline
+    if best is None:
+        return (
+            "Nothing better was measured",
+            "The time ran out (or you stopped) before any tuned setting was measured. "
+            "Go back and give it more time.",
+        )
+    if baseline is not None and config_key(best.config) == config_key(baseline.config):
+        return (
+            "llama.cpp's defaults are already the best here",
+            "Hearthside keeps them; Apply stores them as this model's default.",
+        )
+    speedup = result.speedup
+    measured = f"{best.decode_tps or 0:.1f} tok/s"
+    if speedup is None or baseline is None:
+        return f"Chosen: {measured}", "The defaults were not measured in this run."
+    compared = f"{measured} vs {baseline.decode_tps or 0:.1f} tok/s with llama.cpp's defaults"
+    if speedup >= SAME_SPEED_BAND[1]:
+        return f"{speedup:.1f}× faster than llama.cpp's defaults", f"Decode: {compared}."
+    if speedup > SAME_SPEED_BAND[0]:
+        return (
+            "About as fast as llama.cpp's defaults",
+            f"Decode: {compared}; chosen for its {_context_gain(best, baseline)}.",
+        )
+    return (
+        "llama.cpp's defaults measured faster here",
+        f"Decode: {compared}. A busy computer skews measurements: close other work and "
+        "measure again, or Apply only if you need the chosen settings' "
+        f"{_context_gain(best, baseline)}.",
+    )
+
+
+def _context_gain(best: RunRecord, baseline: RunRecord) -> str:
+    chosen, default = best.config.get("n_ctx") or 0, baseline.config.get("n_ctx") or 0
+    if chosen > default:
+        return f"{chosen // max(default, 1)}× longer context ({chosen} vs {default} tokens)"
+    return "settings for your goal"
+
+
+# The plan's reasons name settings; these are the config fields they speak for.
+REASON_FIELDS = {
+    "n_gpu_layers": "n_gpu_layers",
+    "type_k/type_v": "type_k",
+    "flash_attn": "flash_attn",
+    "n_ctx": "n_ctx",
+}
+MEASURED_FIELDS = ("n_threads", "n_threads_batch", "n_ubatch")
+
+
+def measured_reasons(result: TuneResult) -> list[Reason]:
+    """The plan's reasons, corrected where measuring chose otherwise than the estimate."""
+    if result.best is None:
+        return list(result.plan.reasons)
+    chosen, planned = result.best.config, result.plan.config.to_dict()
+    reasons = []
+    for reason in result.plan.reasons:
+        field = REASON_FIELDS.get(reason.setting)
+        value = _shown_value(chosen.get(field)) if field else reason.value
+        if field is None or value == reason.value:
+            reasons.append(reason)
+        else:
+            why = f"measured faster here than the planner's estimate-based pick ({reason.value})."
+            reasons.append(Reason(reason.setting, value, why.capitalize()))
+    for field in MEASURED_FIELDS:
+        if chosen.get(field) != planned.get(field):
+            why = f"Measured faster here than the planner's {planned.get(field)}."
+            reasons.append(Reason(field, _shown_value(chosen.get(field)), why))
+    return reasons
+
+
+def _shown_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def total_memory_bytes(memory: Mapping[str, Any] | None) -> int | None:
+    """All buffers llama.cpp allocated, from a stored LoadReport."""
+    if not memory or not memory.get("devices"):
+        return None
+    return sum(int(value) for device in memory["devices"].values() for value in device.values())
+
+
+def save_default_is_optional() -> bool:
+    """True when `tune` can leave the default alone (then only Apply stores it)."""
+    return "save_default" in inspect.signature(tune).parameters
+
+
+def apply_tuning(result: TuneResult) -> None:
+    """Store the winner as the model's default on this machine."""
+    if result.best is None:
+        raise HearthsideError("There is nothing to apply.", hint="Measure a model first.")
+    with WisdomDB() as db:
+        db.set_default(result.key, result.best.config, result.goal, run_id=result.best.id)
+
+
+# ---- the measuring job (runs on the engine thread) -------------------------------------------
+
+
+def measure(
+    request: MeasureRequest, cancel: threading.Event, post: Callable[[MeasureUpdate], None]
+) -> TuneResult | None:
+    """Calibrate if asked, then tune; every step reported through `post`."""
+    post(MeasureUpdate("started"))
+    if request.model_path is not None and not request.model_path.is_file():
+        raise ModelFileError(
+            f"The model file is missing ({request.model_path.name}).",
+            hint="Add it again on the Models page, or choose another model.",
+        )
+    if request.calibrate:
+        _calibrate(request, post)
+    if request.model_path is None or cancel.is_set():
+        return None
+    key = tuning_key(request.profile, request.model_path)
+    options: dict[str, Any] = {"save_default": False} if save_default_is_optional() else {}
+    with WisdomDB() as db:
+        result = tune(
+            request.model_path,
+            request.profile,
+            goal=request.goal,
+            budget_s=request.budget_s,
+            wisdom=db,
+            listener=lambda event: post(candidate_update(event, db, key)),
+            cancel=cancel,
+            **options,
+        )
+        if result.best is not None and result.audit is None and not cancel.is_set():
+            post(MeasureUpdate("auditing"))
+            result = replace(result, audit=audit_winner(db, result, request.model_path))
+        return result
+
+
+def audit_winner(db: WisdomDB, result: TuneResult, model_path: Path) -> CapacityAudit | None:
+    """The context check of the winner, which `tune` runs only when it stores the default
+    itself; recorded like the tuner records it. None when the winner will not load now."""
+    assert result.best is not None
+    config = EngineConfig.from_dict({**result.best.config, "model_path": str(model_path)})
+    try:
+        engine = Engine(config)
+    except EngineError:
+        return None
+    try:
+        audit = audit_context(engine)
+    finally:
+        engine.close()
+    db.record_audit(result.key, result.best.config, audit.to_dict())
+    return audit
+
+
+def _calibrate(request: MeasureRequest, post: Callable[[MeasureUpdate], None]) -> None:
+    report = run_calibration(
+        quick=True,
+        budget_s=CALIBRATION_BUDGET_S,
+        model_path=request.model_path,
+        profile=request.profile,
+        progress=lambda step, done: post(MeasureUpdate("calibrating", step, done)),
+    )
+    save_calibration(report)
+    with WisdomDB() as db:
+        store_calibration(report, request.profile, db)
+    post(MeasureUpdate("calibrated"))
+
+
+def candidate_update(event: TuneEvent, db: WisdomDB, key: TuningKey) -> MeasureUpdate:
+    """The event with what the tuner stored for it: memory of a run, the kind of a failure."""
+    memory = outcome = None
+    if event.kind in ("measured", "reused"):
+        run = db.lookup(key, event.config)
+        memory = total_memory_bytes(run.memory) if run is not None else None
+    elif event.kind in ("failed", "skipped"):
+        failure = db.known_failure(key, event.config)
+        outcome = failure.outcome if failure is not None else "failed"
+    return MeasureUpdate("candidate", event=event, memory_bytes=memory, outcome=outcome)
+
+
+# ---- runners: where page 3's updates come from ------------------------------------------------
+
+
+class TuneRunner(QObject):
+    """Starts one measurement at a time; reports on the GUI thread."""
+
+    update = Signal(object)  # MeasureUpdate
+    finished = Signal(object)  # TuneResult, or None when nothing was tuned (stopped early)
+    failed = Signal(object)  # BaseException
+
+    def start(self, request: MeasureRequest) -> None:
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        """A measurement was started and has not ended yet."""
+        raise NotImplementedError
+
+    @property
+    def started(self) -> bool:
+        """The running measurement has begun (it is not waiting in the engine's queue)."""
+        return self.running
+
+
+class ServiceTuneRunner(TuneRunner):
+    """The real thing: the measurement is one EngineService job (see the module docstring)."""
+
+    def __init__(self, service: EngineService | None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.service = service
+        self._job: Job[TuneResult | None] | None = None
+        self._serial = 0
+        self._started = False
+
+    @property
+    def running(self) -> bool:
+        return self._job is not None
+
+    @property
+    def started(self) -> bool:
+        return self.running and self._started
+
+    def start(self, request: MeasureRequest) -> None:
+        """Queue the job; raises EngineError/QueueFullError when the engine cannot take it."""
+        if self.service is None:
+            raise EngineError("The engine is not running.", hint="Restart Hearthside.")
+        self._serial += 1
+        self._started = False
+        serial = self._serial
+        relay = MainThreadRelay(lambda item: self._deliver(serial, relay, item), self)
+        post = _poster(relay)
+        job: Job[TuneResult | None] = Job(
+            lambda _engine, cancel: measure(request, cancel, post),
+            description="optimize for this machine",
+        )
+        job.future.add_done_callback(post)
+        self._job = self.service.submit(job)
+        # Whatever closes the wizard, a measurement nobody watches must not run on.
+        self.destroyed.connect(lambda *_: job.cancel())
+
+    def cancel(self) -> None:
+        if self._job is not None:
+            self._job.cancel()
+
+    def _deliver(
+        self, serial: int, relay: QObject, item: MeasureUpdate | Future[TuneResult | None]
+    ) -> None:
+        current = serial == self._serial  # else a run left behind by Back; its page moved on
+        if isinstance(item, MeasureUpdate):
+            if current:
+                self._started = True
+                self.update.emit(item)
+            return
+        relay.deleteLater()
+        if not current:
+            return
+        self._job = None
+        error = item.exception()
+        if isinstance(error, JobCancelledError):  # cancelled while it waited in the queue
+            self.finished.emit(None)
+        elif error is not None:
+            self.failed.emit(error)
+        else:
+            self.finished.emit(item.result())
+
+
+def _poster(relay: MainThreadRelay) -> Callable[[Any], None]:
+    """`relay.post` from the engine thread, quiet once the wizard (and its relay) is gone."""
+
+    def post(item: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the C++ object was deleted: nobody to tell
+            relay.post(item)
+
+    return post
+
+
+@dataclass(frozen=True)
+class TuneRecording:
+    """A real tuning run, kept to replay (screenshots): the machine, the updates, the result."""
+
+    profile: HardwareProfile
+    model_name: str
+    updates: tuple[MeasureUpdate, ...]
+    result: TuneResult
+
+    def to_json(self) -> str:
+        data = {
+            "schema": RECORDING_SCHEMA,
+            "profile": json.loads(self.profile.to_json()),
+            "model_name": self.model_name,
+            "updates": [to_jsonable(update) for update in self.updates],
+            "result": to_jsonable(self.result),
+        }
+        return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> TuneRecording:
+        data = json.loads(text)
+        if data.get("schema") != RECORDING_SCHEMA:
+            raise HearthsideError("This tuning recording has an unknown schema.")
+        return cls(
+            profile=HardwareProfile.from_json(json.dumps(data["profile"])),
+            model_name=data["model_name"],
+            updates=tuple(from_jsonable(MeasureUpdate, item) for item in data["updates"]),
+            result=from_jsonable(TuneResult, data["result"]),
+        )
+
+
+def recorded_run() -> TuneRecording:
+    """The recording shipped with the tests (a real short tune of the default model)."""
+    path = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "wizard" / RECORDING
+    if not path.is_file():
+        raise HearthsideError(f"No tuning recording at {path}.", hint="Run from a source tree.")
+    return TuneRecording.from_json(path.read_text(encoding="utf-8"))
+
+
+class RecordedTuneRunner(TuneRunner):
+    """Replays a recording as if it ran now (for screenshots), `interval_ms` between updates."""
+
+    def __init__(
+        self, recording: TuneRecording, interval_ms: int = 0, parent: QObject | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.recording = recording
+        self._pending: list[MeasureUpdate] = []
+        self._done = False
+        self._timer = QTimer(self)
+        self._timer.setInterval(interval_ms)
+        self._timer.timeout.connect(self._next)
+
+    @property
+    def running(self) -> bool:
+        return self._timer.isActive() or bool(self._pending)
+
+    def start(self, request: MeasureRequest) -> None:
+        self._pending = list(self.recording.updates)
+        self._done = False
+        self._timer.start()
+
+    def cancel(self) -> None:
+        self._pending = []
+        self._timer.start()  # finish with the recorded result
+
+    def replay_now(self, limit: int | None = None) -> None:
+        """Deliver the updates at once (no event loop needed); with `limit`, only that many
+        and then hold, as if the run were still going."""
+        self._timer.stop()
+        count = len(self._pending) if limit is None else limit
+        for _ in range(min(count, len(self._pending))):
+            self.update.emit(self._pending.pop(0))
+        if limit is None:
+            self._finish()
+
+    def _next(self) -> None:
+        if self._pending:
+            self.update.emit(self._pending.pop(0))
+        else:
+            self._finish()
+
+    def _finish(self) -> None:
+        self._timer.stop()
+        if not self._done:
+            self._done = True
+            self.finished.emit(self.recording.result)
+
+
+# ---- small widgets ---------------------------------------------------------------------------
+
+
+def _label(text: str = "", name: str | None = None, *, wrap: bool = True) -> QLabel:
+    label = QLabel(text)
+    label.setWordWrap(wrap)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    if name:
+        label.setObjectName(name)
+    return label
+
+
+def _gib(value: int | None) -> str:
+    return f"{value / GIB:.1f} GiB" if value else "unknown"
+
+
+def _memory_text(total: int | None, available: int | None) -> str:
+    text = _gib(total)
+    return f"{text} ({_gib(available)} free)" if available is not None else text
+
+
+def _threads(value: Any, automatic: str) -> str:
+    return f"auto ({automatic})" if value is None else str(value)
+
+
+def _gpu_layers(value: Any) -> str:
+    return "all" if value == -1 else str(value)
+
+
+def _budget_text(seconds: int) -> str:
+    minutes, rest = divmod(seconds, 60)
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def plain_error(error: BaseException) -> str:
+    if isinstance(error, HearthsideError):
+        return error.user_text()
+    return f"Something went wrong ({type(error).__name__}: {error}). Try again."
+
+
+class ModelChoiceDelegate(QStyledItemDelegate):
+    """Two lines per model (the name, then its details) and a tag: installed or plan only."""
+
+    PADDING = 8
+
+    def sizeHint(  # noqa: N802 (Qt's name)
+        self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> QSize:
+        line = QFontMetrics(option.font).height()
+        return QSize(200, 2 * line + 2 * self.PADDING + 2)
+
+    def paint(
+        self,
+        painter: QPainter,
+        option: QStyleOptionViewItem,
+        index: QModelIndex | QPersistentModelIndex,
+    ) -> None:
+        choice: ModelChoice = index.data(Qt.ItemDataRole.UserRole)
+        widget = option.widget
+        style = widget.style() if widget is not None else None
+        plain = QStyleOptionViewItem(option)
+        self.initStyleOption(plain, index)
+        plain.text = ""
+        if style is not None:
+            style.drawControl(QStyle.ControlElement.CE_ItemViewItem, plain, painter, widget)
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
+        palette = option.palette
+        text = palette.highlightedText() if selected else palette.text()
+        muted = text if selected else palette.placeholderText()
+        rect: QRect = option.rect.adjusted(self.PADDING, self.PADDING, -self.PADDING, 0)
+        tag = "installed" if choice.installed else "not installed: plan only"
+        if not choice.available:
+            tag = "file missing"
+        painter.save()
+        bold = QFont(option.font)
+        bold.setBold(True)
+        painter.setFont(bold)
+        painter.setPen(text.color())
+        line = QFontMetrics(bold).height()
+        painter.drawText(rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop, choice.name)
+        painter.setFont(option.font)
+        painter.setPen(muted.color())
+        painter.drawText(rect.adjusted(0, line, 0, 0), Qt.AlignmentFlag.AlignLeft, choice.detail)
+        painter.drawText(rect, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop, tag)
+        painter.restore()
+
+
+# ---- page 1: what was found ------------------------------------------------------------------
+
+
+class FoundPage(QWizardPage):
+    def __init__(self, wizard: OptimizeWizard) -> None:
+        super().__init__()
+        self._wizard = wizard
+        self.setTitle("What was found")
+        self.setSubTitle("Hearthside looked at this computer. Nothing changes until you Apply.")
+        layout = QVBoxLayout(self)
+        row = QHBoxLayout()
+        self.status = _label("Looking at this computer…", "muted")
+        self.busy = QProgressBar()
+        self.busy.setRange(0, 0)
+        self.busy.setFixedWidth(140)
+        self.busy.setTextVisible(False)
+        row.addWidget(self.status, 1)
+        row.addWidget(self.busy)
+        layout.addLayout(row)
+        card = QFrame()
+        card.setObjectName("card")
+        card_layout = QVBoxLayout(card)
+        card_layout.setContentsMargins(16, 12, 16, 14)
+        self.form = QFormLayout()
+        self.form.setHorizontalSpacing(24)
+        self.form.setVerticalSpacing(8)
+        card_layout.addLayout(self.form)
+        layout.addWidget(card)
+        layout.addSpacing(10)
+        self.calibration = _label()
+        layout.addWidget(self.calibration)
+        self.calibrate_box = QCheckBox("&Calibrate this machine first (about 10 s)")
+        self.calibrate_box.setToolTip(
+            "Measures memory bandwidth, matrix speed, the disk and the engine, so the "
+            "predictions fit this machine."
+        )
+        self.calibrate_box.hide()
+        layout.addWidget(self.calibrate_box)
+        layout.addStretch(1)
+
+    def initializePage(self) -> None:  # noqa: N802 (Qt's name)
+        self._wizard.start_survey()
+
+    def show_survey(self, found: Survey) -> None:
+        self.busy.hide()
+        self.status.setText("This is what Hearthside will tune for:")
+        while self.form.rowCount():
+            self.form.removeRow(0)
+        for name, value in summary_rows(found.profile):
+            key = _label(name, "muted")
+            key.setWordWrap(False)
+            self.form.addRow(key, _label(value))
+        if found.calibration:
+            self.calibration.setText(
+                f"Calibrated: {describe_figures(found.calibration)}. Predictions use these figures."
+            )
+            self.calibrate_box.setText("&Calibrate again first (about 10 s)")
+        else:
+            self.calibration.setText(
+                "Not calibrated yet: predictions use typical figures for this kind of machine."
+            )
+            self.calibrate_box.setChecked(True)
+        self.calibrate_box.show()
+        self.completeChanged.emit()
+
+    def show_error(self, error: BaseException) -> None:
+        self.busy.hide()
+        self.status.setStyleSheet("color: #c5221f;")
+        self.status.setText("The hardware probe failed. " + plain_error(error))
+
+    def isComplete(self) -> bool:  # noqa: N802 (Qt's name)
+        return self._wizard.found is not None
+
+
+# ---- page 2: goal and model ------------------------------------------------------------------
+
+
+class GoalPage(QWizardPage):
+    def __init__(self, wizard: OptimizeWizard) -> None:
+        super().__init__()
+        self._wizard = wizard
+        self.setTitle("Goal and model")
+        self.setSubTitle("What matters most, and which model to tune.")
+        columns = QHBoxLayout(self)
+        columns.setSpacing(24)
+        columns.addLayout(self._build_goals(), 2)
+        columns.addLayout(self._build_models(), 3)
+
+    def _build_goals(self) -> QVBoxLayout:
+        layout = QVBoxLayout()
+        layout.setSpacing(4)
+        layout.addWidget(_label("Goal", "status", wrap=False))
+        self.goal_group = QButtonGroup(self)
+        self.goal_buttons: dict[Goal, QRadioButton] = {}
+        for goal in GOALS:
+            title, note = GOAL_TEXT[goal]
+            button = QRadioButton(title)
+            button.setToolTip(note)
+            self.goal_group.addButton(button)
+            self.goal_buttons[goal] = button
+            layout.addWidget(button)
+            explanation = _label(note, "goalNote")
+            explanation.setContentsMargins(INDENT_PX, 0, 0, 0)
+            layout.addWidget(explanation)
+            layout.addSpacing(8)
+        self.goal_buttons[DEFAULT_GOAL].setChecked(True)
+        layout.addSpacing(12)
+        layout.addWidget(_label("Time to spend measuring", "status", wrap=False))
+        row = QHBoxLayout()
+        self.budget = QSlider(Qt.Orientation.Horizontal)
+        self.budget.setRange(BUDGET_MIN_S, BUDGET_MAX_S)
+        self.budget.setSingleStep(BUDGET_STEP_S)
+        self.budget.setPageStep(60)
+        self.budget.setTickInterval(60)
+        self.budget.setTickPosition(QSlider.TickPosition.TicksBelow)
+        self.budget.setValue(DEFAULT_BUDGET_S)
+        self.budget.setAccessibleName("Time to spend measuring")
+        self.budget_text = QLabel()
+        self.budget_text.setMinimumWidth(80)
+        self.budget.valueChanged.connect(self._show_budget)
+        self._show_budget(self.budget.value())
+        row.addWidget(self.budget, 1)
+        row.addWidget(self.budget_text)
+        layout.addLayout(row)
+        layout.addWidget(
+            _label("More time measures more settings; stop whenever you like.", "muted")
+        )
+        layout.addStretch(1)
+        return layout
+
+    def _build_models(self) -> QVBoxLayout:
+        layout = QVBoxLayout()
+        layout.setSpacing(6)
+        layout.addWidget(_label("Model", "status", wrap=False))
+        self.models = QListWidget()
+        self.models.setAccessibleName("Models")
+        self.models.setItemDelegate(ModelChoiceDelegate(self.models))
+        self.models.currentItemChanged.connect(lambda *_: self.completeChanged.emit())
+        layout.addWidget(self.models, 1)
+        self.model_note = _label(
+            "Installed models are measured. Models marked “not installed” get a plan only: "
+            "download them from the Models page to measure them.",
+            "muted",
+        )
+        layout.addWidget(self.model_note)
+        return layout
+
+    def _show_budget(self, seconds: int) -> None:
+        snapped = round(seconds / BUDGET_STEP_S) * BUDGET_STEP_S
+        if seconds >= BUDGET_MIN_S and snapped != seconds:
+            self.budget.setValue(snapped)
+            return
+        self.budget_text.setText(_budget_text(seconds))
+
+    def initializePage(self) -> None:  # noqa: N802 (Qt's name)
+        if self.models.count() == 0:
+            self._wizard.load_choices()
+
+    def show_choices(self, choices: Sequence[ModelChoice], current: str | None) -> None:
+        self.models.clear()
+        for choice in choices:
+            item = QListWidgetItem(f"{choice.name}, {choice.detail}")
+            item.setData(Qt.ItemDataRole.UserRole, choice)
+            item.setToolTip(choice.detail)
+            if not choice.available:
+                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled)
+            self.models.addItem(item)
+        self.select_model(current)
+        self.completeChanged.emit()
+
+    def select_model(self, ref: str | None) -> None:
+        """Select `ref`, or the default (else the first) model that can be measured."""
+        for row in range(self.models.count()):
+            choice = self._choice_at(row)
+            if choice.available and (choice.ref == ref if ref else choice.is_default):
+                self.models.setCurrentRow(row)
+                return
+        for row in range(self.models.count()):
+            if self._choice_at(row).available:
+                self.models.setCurrentRow(row)
+                return
+
+    def _choice_at(self, row: int) -> ModelChoice:
+        item = self.models.item(row)
+        choice: ModelChoice = item.data(Qt.ItemDataRole.UserRole)
+        return choice
+
+    def choice(self) -> ModelChoice | None:
+        item = self.models.currentItem()
+        if item is None or not item.flags() & Qt.ItemFlag.ItemIsEnabled:
+            return None
+        chosen: ModelChoice = item.data(Qt.ItemDataRole.UserRole)
+        return chosen
+
+    def goal(self) -> Goal:
+        return next(goal for goal, button in self.goal_buttons.items() if button.isChecked())
+
+    def isComplete(self) -> bool:  # noqa: N802 (Qt's name)
+        return self.choice() is not None
+
+    def nextId(self) -> int:  # noqa: N802 (Qt's name)
+        choice = self.choice()
+        measuring = (choice is not None and choice.installed) or self._wizard.calibrate_first
+        return PAGE_MEASURE if measuring else PAGE_RESULT
+
+
+# ---- page 3: measuring -----------------------------------------------------------------------
+
+
+class MeasurePage(QWizardPage):
+    def __init__(self, wizard: OptimizeWizard) -> None:
+        super().__init__()
+        self._wizard = wizard
+        self.setTitle("Measuring")
+        self.setSubTitle("Each candidate is loaded and timed with the real engine.")
+        layout = QVBoxLayout(self)
+        row = QHBoxLayout()
+        self.status = _label("", "status")
+        self.stop_button = QPushButton("&Stop measuring")
+        self.stop_button.setToolTip("Stops after the candidate being measured now.")
+        self.stop_button.clicked.connect(self.stop)
+        row.addWidget(self.status, 1)
+        row.addWidget(self.stop_button)
+        layout.addLayout(row)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        layout.addWidget(self.progress)
+        self.detail = _label("", "muted")
+        layout.addWidget(self.detail)
+        self.chart = TuneChart()
+        layout.addWidget(self.chart, 1)
+        self.error = _label("", "error")
+        self.error.hide()
+        layout.addWidget(self.error)
+        self.timer = QTimer(self)
+        self.timer.setInterval(TICK_MS)
+        self.timer.timeout.connect(self._tick)
+        self._clock = Stopwatch()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.chart.clear()
+        self.finished = False
+        self.stopping = False
+        self.failed_error: BaseException | None = None
+        self.total = 0
+        self.done_count = 0
+        self.error.hide()
+        self.progress.setRange(0, 0)
+        self.stop_button.setEnabled(True)
+        self.status.setText("Waiting for the engine to finish what it is doing…")
+        self.detail.setText("")
+
+    def initializePage(self) -> None:  # noqa: N802 (Qt's name)
+        self._reset()
+        try:
+            self._wizard.start_measuring()
+        except HearthsideError as exc:
+            self.show_failure(exc)
+
+    def cleanupPage(self) -> None:  # noqa: N802 (Qt's name): Back stops the run
+        self._wizard.runner.cancel()
+        self.timer.stop()
+
+    def stop(self) -> None:
+        if self.finished or self.stopping:
+            return
+        self.stopping = True
+        self.stop_button.setEnabled(False)
+        self._wizard.runner.cancel()
+        self.status.setText("Stopping… (after the candidate being measured)")
+
+    # -- updates --
+
+    def show_update(self, update: MeasureUpdate) -> None:
+        if update.kind == "started":
+            self._clock.restart()
+            self.timer.start()
+            if not self.stopping:
+                self.status.setText("Preparing…")
+        elif update.kind == "calibrating":
+            if not self.stopping:
+                self.status.setText("Calibrating this machine…")
+            self.progress.setRange(0, 100)
+            self.progress.setValue(int((update.fraction or 0) * 100))
+            self.detail.setText(f"Calibrating: {update.text}")
+        elif update.kind == "calibrated":
+            self.detail.setText("Calibration stored.")
+        elif update.kind == "auditing":
+            self.status.setText("Checking that the winner's context holds what it promises…")
+        elif update.event is not None:
+            self._candidate(update)
+
+    def _candidate(self, update: MeasureUpdate) -> None:
+        event = update.event
+        assert event is not None
+        if event.kind == "done":
+            return
+        if self.total == 0:
+            self._clock.restart()
+        self.total = event.total
+        self.chart.add_event(event, update.memory_bytes, update.outcome)
+        if event.kind == "start" and not self.stopping:
+            first, second = candidate_label(event.config, baseline=event.index == 1)
+            self.status.setText(f"Measuring {first}, {second} ({event.index} of {event.total})…")
+        else:
+            self.done_count += 1
+        self._tick()
+
+    def _tick(self) -> None:
+        if self.total == 0:
+            return
+        elapsed = self._clock.seconds()
+        budget = self._wizard.budget_s
+        share = max(self.done_count / self.total, min(elapsed / budget, 1.0))
+        self.progress.setRange(0, 100)
+        self.progress.setValue(min(99, int(share * 100)))
+        text = f"{self.done_count} of {self.total} candidates · {elapsed:.0f} s of {budget:.0f} s"
+        if elapsed > budget and not self.stopping:
+            text += " · time is up: finishing the candidate, then checking the winner's context"
+        self.detail.setText(text)
+
+    def show_result(self, result: TuneResult | None) -> None:
+        self.timer.stop()
+        self.finished = True
+        self.stop_button.setEnabled(False)
+        self.chart.stop_pending()
+        self.progress.setRange(0, 100)
+        self.progress.setValue(100)
+        runs = result.runs if result is not None else ()
+        if result is not None and result.best is not None:
+            self.chart.mark_chosen(result.best.config)
+        measured = _count(sum(1 for run in runs if run.outcome == "ok"), "setting")
+        if self.stopping:
+            self.status.setText(f"Stopped: {measured} measured.")
+        else:
+            self.status.setText(f"Done: {measured} measured. Press Next for the result.")
+        failed = sum(1 for run in runs if run.outcome != "ok")
+        summary = f"{failed} failed (kept, never retried). " if failed else ""
+        chosen = "The chosen one is starred." if result is not None and result.best else ""
+        self.detail.setText(summary + chosen)
+        self.completeChanged.emit()
+
+    def show_failure(self, error: BaseException) -> None:
+        self.timer.stop()
+        self.failed_error = error
+        self.stop_button.setEnabled(False)
+        self.progress.setRange(0, 100)
+        self.progress.setValue(0)
+        self.status.setText("Measuring failed.")
+        self.error.setText(plain_error(error))
+        self.error.show()
+        self.completeChanged.emit()
+
+    def isComplete(self) -> bool:  # noqa: N802 (Qt's name)
+        return self.finished and self.failed_error is None
+
+
+class Stopwatch:
+    """Seconds since `restart`, on the monotonic clock."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+
+    def restart(self) -> None:
+        self._start = time.monotonic()
+
+    def seconds(self) -> float:
+        return time.monotonic() - self._start
+
+
+# ---- page 4: result --------------------------------------------------------------------------
+
+
+class ResultPage(QWizardPage):
+    def __init__(self, wizard: OptimizeWizard) -> None:
+        super().__init__()
+        self._wizard = wizard
+        self.setTitle("Result")
+        self.setSubTitle("What measuring found, and what Apply would keep.")
+        layout = QVBoxLayout(self)
+        self.headline = _label("", "headline")
+        self.subline = _label()
+        layout.addWidget(self.headline)
+        layout.addWidget(self.subline)
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(["Setting", "llama.cpp defaults", "Chosen"])
+        self.table.verticalHeader().hide()
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.setAccessibleName("Chosen settings against llama.cpp's defaults")
+        self.table.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        layout.addWidget(self.table)
+        self.reasons = _label()
+        self.reasons.setTextFormat(Qt.TextFormat.RichText)
+        layout.addWidget(self.reasons)
+        self.audit = _label("", "muted")
+        layout.addWidget(self.audit)
+        self.note = _label("", "muted")
+        layout.addWidget(self.note)
+        self.models_button = QPushButton("Open the &Models page")
+        self.models_button.clicked.connect(self._open_models_page)
+        self.models_button.hide()
+        layout.addWidget(self.models_button, 0, Qt.AlignmentFlag.AlignLeft)
+        layout.addStretch(1)
+        self.plan: Plan | None = None
+
+    def initializePage(self) -> None:  # noqa: N802 (Qt's name)
+        wizard = self._wizard
+        self.plan = None
+        self.models_button.hide()
+        if wizard.tune_result is not None:
+            self.show_measured(wizard.tune_result)
+        elif wizard.choice is not None and wizard.choice.installed:
+            self._clear("Nothing was measured")
+            self.subline.setText("Measuring stopped before the first setting finished.")
+        else:
+            self._clear("Planning…")
+            wizard.plan_catalog_model()
+
+    def _clear(self, text: str) -> None:
+        for widget in (self.subline, self.reasons, self.audit, self.note):
+            widget.setText("")
+        self.headline.setText(text)
+        self.table.setRowCount(0)
+        self._wizard.offer_apply(False)
+
+    def show_measured(self, result: TuneResult) -> None:
+        headline, subline = verdict(result)
+        self.headline.setText(headline)
+        self.subline.setText(subline)
+        defaults = (
+            result.baseline.config
+            if result.baseline is not None
+            else llama_cpp_python_defaults("").to_dict()
+        )
+        chosen = result.best.config if result.best is not None else defaults
+        self._fill_table(settings_rows(chosen, defaults))
+        self.reasons.setText(_reasons_html(measured_reasons(result)))
+        self.audit.setText(
+            f"Context check: {result.audit.message}"
+            if result.audit is not None
+            else "Context check: not run (no winner, or measuring was stopped)."
+        )
+        name = self._wizard.choice.name if self._wizard.choice else "this model"
+        if result.best is not None:
+            self.note.setText(
+                f"Apply makes these settings {name}'s default on this machine and reloads the "
+                "chat with them."
+            )
+        else:
+            self.note.setText("")
+        self._wizard.offer_apply(result.best is not None)
+
+    def show_plan(self, planned: Plan) -> None:
+        self.plan = planned
+        choice = self._wizard.choice
+        name = choice.name if choice else planned.model
+        self.headline.setText(f"{name}: about {planned.speed.decode_tps:.1f} tok/s here")
+        used = sum(device.used_bytes for device in planned.devices)
+        self.subline.setText(
+            f"An estimate ({planned.confidence}): it needs about {_gib(used)}, "
+            f"{'fits' if planned.fits else 'does not fit'} in memory, and answers the first "
+            f"{TUNING_CONTEXT}-token prompt in about {planned.speed.ttft_s:.1f} s."
+        )
+        defaults = llama_cpp_python_defaults(planned.config.model_path).to_dict()
+        self._fill_table(settings_rows(planned.config.to_dict(), defaults))
+        self.reasons.setText(_reasons_html(planned.reasons))
+        self.note.setText(
+            "This model is not installed, so nothing was measured. Download it from the Models "
+            "page, then run this wizard again to measure it."
+        )
+        self.models_button.show()
+        self._wizard.offer_apply(False)
+
+    def show_error(self, error: BaseException) -> None:
+        self._clear("No plan")
+        self.subline.setText(plain_error(error))
+
+    def _fill_table(self, rows: Sequence[SettingRow]) -> None:
+        self.table.setRowCount(len(rows))
+        bold = QFont(self.font())
+        bold.setBold(True)
+        for index, row in enumerate(rows):
+            for column, text in enumerate((row.name, row.default, row.chosen)):
+                item = QTableWidgetItem(text)
+                if row.changed and column == 2:
+                    item.setFont(bold)
+                    item.setText(f"{text}  ●")
+                self.table.setItem(index, column, item)
+        self.table.resizeRowsToContents()
+        height = self.table.horizontalHeader().height() + 2 * self.table.frameWidth()
+        height += sum(self.table.rowHeight(row) for row in range(len(rows)))
+        self.table.setFixedHeight(height)
+
+    def _open_models_page(self) -> None:
+        self._wizard.models_page_requested.emit()
+        self._wizard.reject()
+
+    def validatePage(self) -> bool:  # noqa: N802 (Qt's name): Finish
+        return self._wizard.apply()
+
+
+def _reasons_html(reasons: Sequence[Reason]) -> str:
+    items = "".join(
+        f"<li><b>{html.escape(reason.setting)} = {html.escape(reason.value)}</b>: "
+        f"{html.escape(reason.why)}</li>"
+        for reason in reasons
+    )
+    return f"<b>Why</b><ul style='margin-left:-20px'>{items}</ul>" if items else ""
+
+
+# ---- the wizard ------------------------------------------------------------------------------
+
+
+class OptimizeWizard(QWizard):
+    """The four pages; `applied` carries the settings to reload the chat engine with."""
+
+    applied = Signal(object)  # AppliedTuning
+    models_page_requested = Signal()
+
+    def __init__(
+        self,
+        service: EngineService | None,
+        profile: ProfileSource = None,
+        parent: QWidget | None = None,
+        *,
+        current_model_id: str | None = None,
+        runner: TuneRunner | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Optimize for my hardware")
+        self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
+        self.setOption(QWizard.WizardOption.NoBackButtonOnStartPage, True)
+        self.setMinimumSize(920, 660)
+        self.setStyleSheet(STYLE)
+        self.profile_source = profile
+        self.current_model_id = current_model_id
+        self.runner = runner or ServiceTuneRunner(service, self)
+        self.runner.update.connect(self._on_update)
+        self.runner.finished.connect(self._on_finished)
+        self.runner.failed.connect(self._on_failed)
+        self.found: Survey | None = None
+        self.choices: list[ModelChoice] | None = None
+        self.choice: ModelChoice | None = None
+        self.tune_result: TuneResult | None = None
+        self.applied_tuning: AppliedTuning | None = None
+        self._surveying = False
+        self._close_when_stopped = False
+        self.found_page = FoundPage(self)
+        self.goal_page = GoalPage(self)
+        self.measure_page = MeasurePage(self)
+        self.result_page = ResultPage(self)
+        for page_id, page in enumerate(
+            (self.found_page, self.goal_page, self.measure_page, self.result_page)
+        ):
+            self.setPage(page_id, page)
+        self.setButtonText(QWizard.WizardButton.CancelButton, "Close")
+        self.currentIdChanged.connect(self._restore_close_button)
+
+    # ---- what the pages ask for ----------------------------------------------------------
+
+    @property
+    def calibrate_first(self) -> bool:
+        return self.found_page.calibrate_box.isChecked() and self.found is not None
+
+    @property
+    def budget_s(self) -> float:
+        return float(self.goal_page.budget.value())
+
+    def start_survey(self) -> None:
+        if self.found is not None or self._surveying:
+            return
+        self._surveying = True
+        source = self.profile_source
+        run_in_background(
+            lambda: survey(_profile_from(source)), self.show_survey, self._survey_failed
+        )
+
+    def show_survey(self, found: Survey) -> None:
+        self._surveying = False
+        self.found = found
+        self.found_page.show_survey(found)
+
+    def _survey_failed(self, error: BaseException) -> None:
+        self._surveying = False
+        self.found_page.show_error(error)
+
+    def load_choices(self) -> None:
+        found = self.found
+        if found is None:
+            return
+        run_in_background(
+            lambda: model_choices(found.profile, found.calibration),
+            self.show_choices,
+            lambda error: self.goal_page.model_note.setText(plain_error(error)),
+        )
+
+    def show_choices(self, choices: Sequence[ModelChoice]) -> None:
+        self.choices = list(choices)
+        self.goal_page.show_choices(choices, self.current_model_id)
+
+    def start_measuring(self) -> None:
+        choice = self.goal_page.choice()
+        assert self.found is not None and choice is not None
+        self.choice = choice
+        self.tune_result = None
+        request = MeasureRequest(
+            model_path=choice.path,
+            profile=self.found.profile,
+            goal=self.goal_page.goal(),
+            budget_s=self.budget_s,
+            calibrate=self.calibrate_first,
+        )
+        self.runner.start(request)
+
+    def plan_catalog_model(self) -> None:
+        choice = self.goal_page.choice()
+        self.choice = choice
+        assert choice is not None
+        goal = self.goal_page.goal()
+        profile = self._found_profile()
+        run_in_background(
+            lambda: plan_for_catalog(choice, survey(profile), goal),
+            self.result_page.show_plan,
+            self.result_page.show_error,
+        )
+
+    def _found_profile(self) -> HardwareProfile:
+        assert self.found is not None
+        return self.found.profile
+
+    # ---- runner events -------------------------------------------------------------------
+
+    def _on_update(self, update: MeasureUpdate) -> None:
+        self.measure_page.show_update(update)
+
+    def _on_finished(self, result: TuneResult | None) -> None:
+        self.tune_result = result
+        self.measure_page.show_result(result)
+        self._close_if_asked()
+
+    def _on_failed(self, error: BaseException) -> None:
+        self.measure_page.show_failure(error)
+        self._close_if_asked()
+
+    def _close_if_asked(self) -> None:
+        if self._close_when_stopped:
+            self._close_when_stopped = False
+            super().reject()
+
+    # ---- closing -------------------------------------------------------------------------
+
+    def cancel_measuring(self) -> None:
+        """Ask a running measurement to stop (after its current candidate)."""
+        if self.runner.running:
+            self.measure_page.stop()
+
+    def reject(self) -> None:
+        """Close; a running measurement is stopped first, and the wizard closes once it has."""
+        if self.runner.started:
+            self._close_when_stopped = True
+            self.measure_page.stop()
+            return
+        self.runner.cancel()  # still waiting in the engine's queue: it will never start
+        super().reject()
+
+    def offer_apply(self, can_apply: bool) -> None:
+        """The last page's buttons: Apply + "Close without applying", or just Close."""
+        self.setButtonText(QWizard.WizardButton.FinishButton, "Apply" if can_apply else "Close")
+        self.setButtonText(
+            QWizard.WizardButton.CancelButton, "Close without applying" if can_apply else "Close"
+        )
+        self.setOption(QWizard.WizardOption.NoCancelButtonOnLastPage, not can_apply)
+
+    def _restore_close_button(self, page_id: int) -> None:
+        if page_id != PAGE_RESULT:
+            self.setButtonText(QWizard.WizardButton.CancelButton, "Close")
+
+    def apply(self) -> bool:
+        """Store the winner as the model's default and tell the window; False keeps the page."""
+        result, choice = self.tune_result, self.choice
+        if result is None or result.best is None or choice is None or choice.path is None:
+            return True  # nothing to apply: Finish just closes
+        try:
+            apply_tuning(result)
+        except (HearthsideError, sqlite3.Error) as exc:
+            self.result_page.note.setText("Could not save the settings. " + plain_error(exc))
+            return False
+        config = EngineConfig.from_dict({**result.best.config, "model_path": str(choice.path)})
+        self.applied_tuning = AppliedTuning(choice.ref, choice.name, config, result.speedup)
+        self.applied.emit(self.applied_tuning)
+        return True
+
+
+def _profile_from(source: ProfileSource) -> HardwareProfile:
+    if isinstance(source, HardwareProfile):
+        return source
+    if source is not None:
+        return source()
+    return probe_in_subprocess(models_dir(data_dir()))
+
+
+# ---- screenshots -----------------------------------------------------------------------------
+
+
+def wizard_for_screenshots(
+    page: int,
+    recording: TuneRecording | None = None,
+    parent: QWidget | None = None,
+    *,
+    mid_run: bool = False,
+) -> OptimizeWizard:
+    """A wizard on `page` (PAGE_FOUND … PAGE_RESULT) showing a real recorded run, without an
+    engine: the recorded machine, the models in the data dir plus catalog suggestions, the
+    recorded candidates on the chart, and the recorded result. `mid_run` holds the measuring
+    page two thirds of the way through the run."""
+    recording = recording or recorded_run()
+    runner = RecordedTuneRunner(recording)
+    wizard = OptimizeWizard(None, recording.profile, parent, runner=runner)
+    found = survey(recording.profile)
+    wizard.show_survey(found)
+    choices = model_choices(found.profile, found.calibration)
+    recorded_choice = ModelChoice(
+        "default", recording.model_name, "recorded run", Path(f"{recording.model_name}.gguf")
+    )
+    if not any(choice.installed for choice in choices):
+        choices.insert(0, recorded_choice)
+    wizard.show_choices(choices)
+    wizard.goal_page.goal_buttons[recording.result.goal].setChecked(True)
+    wizard.restart()
+    for _ in range(page):
+        wizard.next()
+        if wizard.currentId() == PAGE_MEASURE:
+            held = mid_run and page == PAGE_MEASURE
+            runner.replay_now(len(recording.updates) * 2 // 3 if held else None)
+    return wizard
+
+
+__all__ = [
+    "AppliedTuning",
+    "MeasureRequest",
+    "MeasureUpdate",
+    "ModelChoice",
+    "OptimizeWizard",
+    "RecordedTuneRunner",
+    "ServiceTuneRunner",
+    "Survey",
+    "TuneRecording",
+    "TuneRunner",
+    "measure",
+    "model_choices",
+    "settings_rows",
+    "verdict",
+    "wizard_for_screenshots",
+]

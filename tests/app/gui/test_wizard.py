@@ -1,0 +1,383 @@
+"""The "Optimize for my hardware" wizard, offscreen, on the real default model: it measures
+with the real tuner through a real EngineService, applies its result to the real wisdom DB,
+stops when asked, plans catalog models it cannot measure, and renders each page for the
+screenshot script from a recorded real run."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from PySide6.QtGui import QImage
+from PySide6.QtWidgets import QApplication, QWizard
+from pytestqt.qtbot import QtBot
+
+from hearthside.app.gui.app import apply_palette
+from hearthside.app.gui.tune_chart import TuneChart
+from hearthside.app.gui.wizard import (
+    PAGE_FOUND,
+    PAGE_GOAL,
+    PAGE_MEASURE,
+    PAGE_RESULT,
+    AppliedTuning,
+    OptimizeWizard,
+    TuneRecording,
+    measured_reasons,
+    recorded_run,
+    save_default_is_optional,
+    settings_rows,
+    survey,
+    verdict,
+    wizard_for_screenshots,
+)
+from hearthside.autotune.tuner import TuneEvent, TuneResult
+from hearthside.autotune.wisdom import WisdomDB, config_key
+from hearthside.core.engine.config import EngineConfig, SamplingParams
+from hearthside.core.engine.engine import ChatMessage
+from hearthside.core.engine.service import EngineService
+from hearthside.core.models.store import ModelRecord, ModelStore
+from hearthside.core.paths import data_dir
+from hearthside.core.probe.base import ProbeContext
+from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.probe.runner import probe_hardware
+
+pytestmark = pytest.mark.gui
+
+MEASURE_BUDGET_S = 15
+# One candidate (load, warm-up, 3 x pp128/tg32) takes ~3 s here when the machine is quiet;
+# the limits leave room for a machine shared with other work.
+RUN_TIMEOUT_MS = 240_000
+STOP_LIMIT_S = 45.0
+PAGE_TIMEOUT_MS = 20_000
+
+
+@pytest.fixture(scope="module")
+def profile() -> HardwareProfile:
+    return probe_hardware(ProbeContext())
+
+
+@pytest.fixture
+def registered(default_model_file: Path) -> ModelRecord:
+    with ModelStore(data_dir()) as store:
+        return store.add(default_model_file, link=True, name="Gemma 3 270M", check_native=False)
+
+
+@pytest.fixture
+def service() -> Iterator[EngineService]:
+    with EngineService() as running:
+        yield running
+
+
+def goal_page(qtbot: QtBot, wizard: OptimizeWizard, *, calibrate: bool = False) -> None:
+    """Show the wizard and go to page 2 once the machine and the models are known."""
+    qtbot.addWidget(wizard)
+    wizard.show()
+    qtbot.waitUntil(lambda: wizard.found_page.isComplete(), timeout=PAGE_TIMEOUT_MS)
+    wizard.found_page.calibrate_box.setChecked(calibrate)
+    wizard.next()
+    assert wizard.currentId() == PAGE_GOAL
+    qtbot.waitUntil(lambda: wizard.goal_page.models.count() > 0, timeout=PAGE_TIMEOUT_MS)
+
+
+def set_budget(wizard: OptimizeWizard, seconds: int) -> None:
+    wizard.goal_page.budget.setMinimum(1)  # below the 30 s a person may pick
+    wizard.goal_page.budget.setValue(seconds)
+    assert wizard.budget_s == seconds
+
+
+def select(wizard: OptimizeWizard, *, installed: bool) -> str:
+    models = wizard.goal_page.models
+    for row in range(models.count()):
+        wizard.goal_page.models.setCurrentRow(row)
+        choice = wizard.goal_page.choice()
+        if choice is not None and choice.installed == installed:
+            return choice.ref
+    raise AssertionError("no such model in the list")
+
+
+def table_rows(wizard: OptimizeWizard) -> list[tuple[str, str, str]]:
+    table = wizard.result_page.table
+    return [
+        tuple(table.item(row, column).text() for column in range(3))  # type: ignore[misc]
+        for row in range(table.rowCount())
+    ]
+
+
+def measure_once(qtbot: QtBot, wizard: OptimizeWizard) -> TuneResult:
+    started = time.monotonic()
+    with qtbot.waitSignal(wizard.runner.finished, timeout=RUN_TIMEOUT_MS) as finished:
+        wizard.next()
+    result: TuneResult = finished.args[0]
+    print(f"tuned {len(result.runs)} settings in {time.monotonic() - started:.1f} s")
+    assert wizard.currentId() == PAGE_MEASURE and wizard.measure_page.isComplete()
+    return result
+
+
+def test_measures_the_default_model_and_applies_the_winner(
+    qtbot: QtBot, service: EngineService, registered: ModelRecord, profile: HardwareProfile
+) -> None:
+    wizard = OptimizeWizard(service, profile, current_model_id=registered.id)
+    goal_page(qtbot, wizard)
+    assert wizard.goal_page.choice() is not None
+    assert wizard.goal_page.choice().ref == registered.id  # type: ignore[union-attr]
+    wizard.goal_page.goal_buttons["fastest"].setChecked(True)
+    set_budget(wizard, MEASURE_BUDGET_S)
+    result = measure_once(qtbot, wizard)
+    if result.best is None:  # a busy machine: measuring the defaults outlasted the budget
+        assert len(result.runs) == 1 and result.baseline is not None
+        wizard.back()  # "give it more time": measuring again reuses the defaults' run
+        result = measure_once(qtbot, wizard)
+        assert result.runs[0].id == result.baseline.id  # taken from the wisdom DB
+    assert result.best is not None
+
+    chart = wizard.measure_page.chart
+    measured = [entry for entry in chart.entries if entry.has_result]
+    assert len(measured) == sum(run.outcome == "ok" for run in result.runs)
+    assert len(chart.entries) == len(result.runs)  # failures too, each in its place
+    assert all(e.measured_tps and e.predicted_tps and e.memory_bytes for e in measured)
+    assert measured[0].baseline and sum(entry.chosen for entry in chart.entries) == 1
+
+    with WisdomDB() as db:
+        before_apply = db.default_for(result.key)
+    if save_default_is_optional():
+        assert before_apply is None  # only Apply makes it the default
+
+    wizard.next()
+    assert wizard.currentId() == PAGE_RESULT
+    assert wizard.buttonText(QWizard.WizardButton.FinishButton) == "Apply"
+    rows = table_rows(wizard)
+    assert rows[0][0] == "Context" and rows[0][1] == "512 tokens"
+    assert wizard.result_page.reasons.text().count("<li>") >= 1
+    assert result.audit is not None and result.audit.holds  # the winner's context was checked
+    assert wizard.result_page.audit.text() == f"Context check: {result.audit.message}"
+
+    with qtbot.waitSignal(wizard.applied, timeout=5_000) as applied:
+        wizard.button(QWizard.WizardButton.FinishButton).click()
+    tuning: AppliedTuning = applied.args[0]
+    assert tuning.model_id == registered.id
+    assert tuning.config.model_path == str(registered.path)
+    assert config_key(tuning.config.to_dict()) == config_key(result.best.config)
+    with WisdomDB() as db:
+        stored = db.default_for(result.key)
+    assert stored is not None and stored.goal == "fastest"
+    assert config_key(stored.config) == config_key(result.best.config)
+
+    assert result.baseline is not None
+    headline = wizard.result_page.headline.text()
+    if config_key(tuning.config.to_dict()) == config_key(result.baseline.config):
+        assert "already the best" in headline
+    else:  # what changed is marked, and the page says why it was chosen
+        assert any(row[2].endswith("●") for row in rows)
+        assert "faster" in headline or "chosen for" in wizard.result_page.subline.text()
+    assert not wizard.isVisible()
+
+
+def test_closing_while_measuring_stops_within_a_candidate_and_the_chat_model_still_answers(
+    qtbot: QtBot, service: EngineService, registered: ModelRecord, profile: HardwareProfile
+) -> None:
+    service.load(EngineConfig(str(registered.path), n_ctx=256)).result(60)  # the chat's model
+    wizard = OptimizeWizard(service, profile)
+    goal_page(qtbot, wizard)
+    set_budget(wizard, 600)
+    wizard.next()
+    page = wizard.measure_page
+    qtbot.waitUntil(
+        lambda: any(e.state == "measuring" for e in page.chart.entries), timeout=RUN_TIMEOUT_MS
+    )
+    in_flight = next(e.index for e in page.chart.entries if e.state == "measuring")
+    started = time.monotonic()
+    wizard.reject()  # the wizard's Close button, or Esc
+    assert wizard.isVisible() and page.status.text().startswith("Stopping…")
+    assert not page.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: not wizard.isVisible(), timeout=RUN_TIMEOUT_MS)
+    stop_s = time.monotonic() - started
+    print(f"stopped {stop_s:.1f} s after Close")
+    assert stop_s < STOP_LIMIT_S
+    assert page.finished and page.status.text().startswith("Stopped")
+    result = wizard.tune_result
+    assert result is not None and len(result.runs) == in_flight  # it did not start another
+    assert result.audit is None
+
+    reply = service.chat(
+        [ChatMessage("user", "Name a colour.")], SamplingParams(max_tokens=8, temperature=0.0)
+    ).result(60)
+    assert reply.text.strip()
+    assert service.loaded_config is not None and service.loaded_config.n_ctx == 256
+
+
+def test_a_catalog_model_gets_a_plan_only_after_calibrating_first(
+    qtbot: QtBot, service: EngineService, registered: ModelRecord, profile: HardwareProfile
+) -> None:
+    wizard = OptimizeWizard(service, profile)
+    goal_page(qtbot, wizard)
+    ref = select(wizard, installed=False)
+    assert wizard.goal_page.nextId() == PAGE_RESULT  # nothing to measure: straight to the plan
+    wizard.back()
+    assert wizard.found_page.calibrate_box.isChecked() is False
+    wizard.found_page.calibrate_box.setChecked(True)  # never calibrated: the wizard offers it
+    wizard.next()
+    wizard.goal_page.select_model(ref)
+    assert wizard.goal_page.nextId() == PAGE_MEASURE
+    with qtbot.waitSignal(wizard.runner.finished, timeout=RUN_TIMEOUT_MS) as finished:
+        wizard.next()
+    assert finished.args[0] is None  # calibrated; nothing tuned
+    assert survey(profile).calibration  # the planner now has this machine's figures
+
+    wizard.next()
+    assert wizard.currentId() == PAGE_RESULT
+    qtbot.waitUntil(lambda: wizard.result_page.plan is not None, timeout=PAGE_TIMEOUT_MS)
+    plan = wizard.result_page.plan
+    assert plan is not None and plan.fits and plan.confidence == "calibrated"
+    assert "tok/s here" in wizard.result_page.headline.text()
+    assert "not installed" in wizard.result_page.note.text()
+    assert wizard.result_page.models_button.isVisible()
+    assert wizard.buttonText(QWizard.WizardButton.FinishButton) == "Close"
+    with qtbot.assertNotEmitted(wizard.applied):
+        wizard.button(QWizard.WizardButton.FinishButton).click()
+    assert not wizard.isVisible()
+
+
+def test_a_missing_model_file_is_said_in_plain_words(
+    qtbot: QtBot, tmp_path: Path, default_model_file: Path, profile: HardwareProfile
+) -> None:
+    copy = tmp_path / "gemma-copy.gguf"
+    os.link(default_model_file, copy)
+    with ModelStore(data_dir()) as store:
+        record = store.add(copy, link=True, name="Gemma copy", check_native=False)
+    with EngineService() as service:
+        wizard = OptimizeWizard(service, profile, current_model_id=record.id)
+        goal_page(qtbot, wizard)
+        assert wizard.goal_page.choice().ref == record.id  # type: ignore[union-attr]
+        copy.unlink()  # deleted behind Hearthside's back
+        with qtbot.waitSignal(wizard.runner.failed, timeout=PAGE_TIMEOUT_MS):
+            wizard.next()
+        page = wizard.measure_page
+        assert "The model file is missing" in page.error.text()
+        assert "Models page" in page.error.text()
+        assert not page.isComplete()
+        wizard.back()
+        wizard.goal_page.models.clear()
+        wizard.load_choices()
+        qtbot.waitUntil(lambda: wizard.goal_page.models.count() > 0, timeout=PAGE_TIMEOUT_MS)
+        choice = wizard.goal_page.choice()
+        assert choice is None or choice.ref != record.id  # listed, but cannot be chosen
+
+
+def event(kind: str, index: int, **values: object) -> TuneEvent:
+    config = {"n_threads": 2, "flash_attn": index % 2 == 0, "n_ubatch": 512, "type_k": "f16"}
+    return TuneEvent(kind, index, 4, config, predicted_decode_tps=48.0, **values)  # type: ignore[arg-type]
+
+
+def test_the_chart_keeps_failures_in_their_place(qtbot: QtBot) -> None:
+    chart = TuneChart()
+    qtbot.addWidget(chart)
+    chart.add_event(event("start", 1))
+    chart.add_event(event("measured", 1, decode_tps=31.5), memory_bytes=811_000_000)
+    chart.add_event(event("start", 2))
+    chart.add_event(event("failed", 2, message="Failed to create llama_context"), outcome="oom")
+    chart.add_event(event("skipped", 3, message="failed before (failed); not retried"))
+    chart.add_event(event("start", 4))
+    assert [e.state for e in chart.entries] == ["measured", "oom", "skipped", "measuring"]
+    chart.stop_pending()
+    assert chart.entries[-1].state == "stopped"
+    description = chart.accessibleDescription()
+    assert "ran out of memory" in description and "measured 31.5 tok/s" in description
+    chart.resize(900, 360)
+    image = chart.grab().toImage()
+    assert image.width() == 900 and not image.isNull()
+    assert chart.entry_at(chart.width() - 2) is None
+
+
+def test_every_page_renders_for_the_screenshots(qtbot: QtBot, tmp_path: Path) -> None:
+    recording: TuneRecording = recorded_run()
+    assert recording.result.runs and recording.updates
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    original = app.palette()
+    try:
+        for dark in (False, True):
+            apply_palette(app, dark)
+            for page in (PAGE_FOUND, PAGE_GOAL, PAGE_MEASURE, PAGE_RESULT):
+                wizard = wizard_for_screenshots(page, recording)
+                qtbot.addWidget(wizard)
+                assert wizard.currentId() == page
+                wizard.resize(1000, 700)
+                path = tmp_path / f"wizard-{page}-{'dark' if dark else 'light'}.png"
+                assert wizard.grab().save(str(path))
+                assert QImage(str(path)).size().width() == 1000
+                if page == PAGE_MEASURE:
+                    assert len(wizard.measure_page.chart.entries) == len(recording.result.runs)
+                wizard.close()
+    finally:
+        app.setPalette(original)
+
+
+def with_speeds(result: TuneResult, best_tps: float, baseline_tps: float) -> TuneResult:
+    assert result.best is not None and result.baseline is not None
+    return replace(
+        result,
+        best=replace(result.best, decode_tps=best_tps),
+        baseline=replace(result.baseline, decode_tps=baseline_tps),
+    )
+
+
+@pytest.mark.parametrize(
+    ("best_tps", "baseline_tps", "headline"),
+    [
+        (70.0, 35.0, "2.0× faster than llama.cpp's defaults"),
+        (35.5, 35.0, "About as fast as llama.cpp's defaults"),
+        (20.0, 35.0, "llama.cpp's defaults measured faster here"),
+    ],
+)
+def test_the_verdict_says_what_was_measured(
+    best_tps: float, baseline_tps: float, headline: str
+) -> None:
+    result = with_speeds(recorded_run().result, best_tps, baseline_tps)
+    title, detail = verdict(result)
+    assert title == headline
+    assert f"{best_tps:.1f} tok/s vs {baseline_tps:.1f} tok/s" in detail
+    nothing = verdict(replace(result, best=None))
+    assert nothing[0] == "Nothing better was measured"
+
+
+def test_the_reasons_follow_what_was_measured_not_only_the_estimate() -> None:
+    result = recorded_run().result
+    assert result.best is not None
+    planned = result.plan.config
+    flipped = {**result.best.config, "flash_attn": not planned.flash_attn, "n_ubatch": 128}
+    reasons = measured_reasons(replace(result, best=replace(result.best, config=flipped)))
+    flash = next(reason for reason in reasons if reason.setting == "flash_attn")
+    assert flash.value == ("off" if planned.flash_attn else "on")
+    assert "Measured faster here than the planner's" in flash.why
+    assert any(r.setting == "n_ubatch" and r.value == "128" for r in reasons)
+    rows = {row.name: row for row in settings_rows(planned.to_dict(), result.plan.config.to_dict())}
+    assert not any(row.changed for row in rows.values())
+    assert rows["Prompt threads"].chosen in ("auto (every core)", str(planned.n_threads_batch))
+
+
+def test_apply_stores_the_winner_of_a_recorded_run(qtbot: QtBot) -> None:
+    """The Apply path alone, on the recorded real run (the end-to-end test above measures)."""
+    recording = recorded_run()
+    with WisdomDB() as db:  # what the tuner stored while it measured
+        runs = tuple(db.record_run(run) for run in recording.result.runs)
+    recorded_best = recording.result.best
+    assert recorded_best is not None
+    best = next(run for run in runs if config_key(run.config) == config_key(recorded_best.config))
+    result = replace(recording.result, runs=runs, baseline=runs[0], best=best)
+    assert best.id is not None
+    wizard = wizard_for_screenshots(PAGE_RESULT, replace(recording, result=result))
+    qtbot.addWidget(wizard)
+    assert wizard.buttonText(QWizard.WizardButton.FinishButton) == "Apply"
+    assert wizard.buttonText(QWizard.WizardButton.CancelButton) == "Close without applying"
+    with qtbot.waitSignal(wizard.applied, timeout=5_000) as applied:
+        wizard.button(QWizard.WizardButton.FinishButton).click()
+    tuning: AppliedTuning = applied.args[0]
+    assert config_key(tuning.config.to_dict()) == config_key(best.config)
+    with WisdomDB() as db:
+        stored = db.default_for(result.key)
+    assert stored is not None and stored.run_id == best.id
+    assert config_key(stored.config) == config_key(best.config)
