@@ -30,6 +30,11 @@ F32_BYTES = 4
 # A residual that would need the kernels to beat the measured bandwidth or GEMM by this much
 # is noise in the measurements, not a property of a weight type.
 MAX_PLAUSIBLE_EFFICIENCY = 1.0
+# No quant type's kernels are several times slower per byte than the shipped model's mix
+# (K-quants measured ~0.8x of Q8_0 here); a probe that slow was starved of CPU by other
+# programs (llama.cpp's spinning threads collapse when a core is taken), so it is dropped and
+# its type falls back to the nearest measured one.
+MIN_RELATIVE_EFFICIENCY = 1 / 3
 
 
 def store_calibration(report: CalibrationReport, profile: HardwareProfile, db: WisdomDB) -> str:
@@ -182,18 +187,23 @@ def _fit_by_type(
     usable = [
         r for r in runs if r.probe != OVERHEAD_PROBE and getattr(r, speed) and r.work[work_key]
     ]
+    shipped = next((r for r in usable if r.probe is None), None)
+    overall = None
+    if shipped is not None:
+        overall = ideal_seconds(sum(shipped.work[work_key].values())) / seconds_of(shipped)
     fitted: dict[str, float] = {}
     for run in usable:
         amounts = run.work[work_key]
         if len(amounts) == 1:
             ((type_name, amount),) = amounts.items()
-            fitted[f"{kind}_efficiency:{type_name}"] = ideal_seconds(amount) / seconds_of(run)
-    shipped = next((r for r in usable if r.probe is None), None)
-    if shipped is None:
+            efficiency = ideal_seconds(amount) / seconds_of(run)
+            if overall is None or efficiency >= overall * MIN_RELATIVE_EFFICIENCY:
+                fitted[f"{kind}_efficiency:{type_name}"] = efficiency
+    if shipped is None or overall is None:
         return fitted
     amounts = shipped.work[work_key]
     total = seconds_of(shipped)
-    fitted[f"{kind}_efficiency"] = ideal_seconds(sum(amounts.values())) / total
+    fitted[f"{kind}_efficiency"] = overall
     known = {t: fitted.get(f"{kind}_efficiency:{t}") for t in amounts}
     left = total - sum(ideal_seconds(amounts[t]) / e for t, e in known.items() if e)
     unknown = [t for t, e in known.items() if not e]

@@ -201,7 +201,7 @@ def measure_verify_cost(
     sizes: Sequence[int] = (1, 2, 4, 8, 16),
     *,
     context_tokens: int = 64,
-    repetitions: int = 5,
+    repetitions: int = 3,
 ) -> tuple[tuple[int, float], ...]:
     """Seconds to evaluate a batch of n tokens with logits at every position (a verify
     step of n − 1 drafts), median of `repetitions`, after `context_tokens` of context."""

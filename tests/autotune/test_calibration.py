@@ -220,3 +220,11 @@ def quantized(source: Path, folder: Path, quant: str) -> Path:
         == 0
     )
     return target
+
+
+def test_a_probe_starved_by_other_programs_is_dropped() -> None:
+    # recorded: the Q2_K probe at 13 tok/s while the rest of that calibration was normal
+    starved = replace_value(recorded_report(), "engine_decode", "Q2_K", 13.0)
+    figures = planner_figures(starved)
+    assert "decode_efficiency:Q2_K" not in figures  # its type falls back to the nearest
+    assert "decode_efficiency:Q8_0" in figures and "decode_efficiency:Q4_0" in figures
