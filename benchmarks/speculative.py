@@ -8,7 +8,7 @@ file it was shown) and a free-form prompt (chat):
 2. the tuner's decision for each workload (`decide_speculation`, a fresh autotune DB), which
    switches a kind on only where its measured gain is above 1.05x.
 
-    .venv/bin/python benchmarks/speculative.py [--repetitions 3] [--json]
+    .venv/bin/python benchmarks/speculative.py [--repetitions 3] [--first-prompt-only] [--json]
 
 Target: prompt lookup on the code edit > 1.05x, and the tuner switches it on there; on the
 free-form prompt the tuner leaves speculation off unless it measured a gain.
@@ -70,11 +70,12 @@ def settings(draft: Path) -> dict[str, SpeculativeConfig]:
 
 
 def measure_ratios(
-    engine: Engine, workloads: list[Workload], draft: Path, repetitions: int
+    engine: Engine, workloads: list[Workload], draft: Path, repetitions: int, first_only: bool
 ) -> list[dict[str, Any]]:
     rows = []
     for workload in workloads:
-        prompts = [engine.tokenize_prompt(prompt.completion) for prompt in workload.prompts]
+        chosen = workload.prompts[:1] if first_only else workload.prompts
+        prompts = [engine.tokenize_prompt(prompt.completion) for prompt in chosen]
         sampling = SamplingParams(
             temperature=workload.temperature, seed=workload.seed, max_tokens=workload.max_tokens
         )
@@ -113,6 +114,9 @@ def _row_text(row: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument(
+        "--first-prompt-only", action="store_true", help="one prompt per workload (a busy machine)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     by_id = {workload.id: workload for workload in load_workloads()}
@@ -123,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         draft = requantized(model, folder)
         engine = Engine(EngineConfig(str(model), n_ctx=2048))
         try:
-            rows = measure_ratios(engine, workloads, draft, args.repetitions)
+            rows = measure_ratios(
+                engine, workloads, draft, args.repetitions, args.first_prompt_only
+            )
         finally:
             engine.close()
         decisions = tuner_decisions(model, workloads, draft, folder)
