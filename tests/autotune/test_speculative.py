@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,7 @@ def test_the_tuner_turns_lookup_on_for_code_edits_and_records_why(
     profile = probe_hardware()
     key = tuning_key(profile, default_model_file)
     chosen = {workload.id: workload for workload in load_workloads()}
-    code_edit = chosen["code_edit"]
+    code_edit = replace(chosen["code_edit"], max_tokens=48)  # shorter: a test
     events: list[TuneEvent] = []
     config = EngineConfig(str(default_model_file), n_ctx=1024).to_dict()
     with WisdomDB(tmp_path / "wisdom.db") as wisdom:
