@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import inspect
 import json
 import sqlite3
 import threading
@@ -87,6 +86,7 @@ from hearthside.autotune.tuner import (
     TuneEvent,
     TuneResult,
     llama_cpp_python_defaults,
+    save_tuned_defaults,
     tune,
 )
 from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
@@ -374,17 +374,11 @@ def total_memory_bytes(memory: Mapping[str, Any] | None) -> int | None:
     return sum(int(value) for device in memory["devices"].values() for value in device.values())
 
 
-def save_default_is_optional() -> bool:
-    """True when `tune` can leave the default alone (then only Apply stores it)."""
-    return "save_default" in inspect.signature(tune).parameters
-
-
 def apply_tuning(result: TuneResult) -> None:
-    """Store the winner as the model's default on this machine."""
-    if result.best is None:
-        raise HearthsideError("There is nothing to apply.", hint="Measure a model first.")
+    """Store the winner (and the speculation it measured) as the model's default here."""
     with WisdomDB() as db:
-        db.set_default(result.key, result.best.config, result.goal, run_id=result.best.id)
+        if not save_tuned_defaults(db, result):
+            raise HearthsideError("There is nothing to apply.", hint="Measure a model first.")
 
 
 # ---- the measuring job (runs on the engine thread) -------------------------------------------
@@ -405,7 +399,6 @@ def measure(
     if request.model_path is None or cancel.is_set():
         return None
     key = tuning_key(request.profile, request.model_path)
-    options: dict[str, Any] = {"save_default": False} if save_default_is_optional() else {}
     with WisdomDB() as db:
         result = tune(
             request.model_path,
@@ -415,7 +408,7 @@ def measure(
             wisdom=db,
             listener=lambda event: post(candidate_update(event, db, key)),
             cancel=cancel,
-            **options,
+            save_default=False,  # only Apply makes it the default
         )
         if result.best is not None and result.audit is None and not cancel.is_set():
             post(MeasureUpdate("auditing"))
@@ -1045,6 +1038,10 @@ class MeasurePage(QWizardPage):
         event = update.event
         assert event is not None
         if event.kind == "done":
+            return
+        if event.workload is not None:  # speculation measured on the winner, not a candidate
+            if not self.stopping:
+                self.status.setText(f"Trying speculative decoding on the {event.workload} prompts…")
             return
         if self.total == 0:
             self._clock.restart()

@@ -28,7 +28,6 @@ from hearthside.app.gui.wizard import (
     TuneRecording,
     measured_reasons,
     recorded_run,
-    save_default_is_optional,
     settings_rows,
     survey,
     verdict,
@@ -143,8 +142,7 @@ def test_measures_the_default_model_and_applies_the_winner(
 
     with WisdomDB() as db:
         before_apply = db.default_for(result.key)
-    if save_default_is_optional():
-        assert before_apply is None  # only Apply makes it the default
+    assert before_apply is None  # only Apply makes it the default
 
     wizard.next()
     assert wizard.currentId() == PAGE_RESULT
