@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import get_args
 
 from hearthside.app.progress import ProgressLine
 from hearthside.autotune.planner import Goal
+from hearthside.autotune.speculative import SpeculationDecision, describe
 from hearthside.autotune.tuner import TuneEvent, TuneResult, tune
 from hearthside.autotune.wisdom import RunRecord
 from hearthside.core.models.store import ModelStore, resolve_model_path
@@ -82,6 +84,7 @@ def result_as_dict(result: TuneResult) -> dict[str, object]:
         "baseline": _run_dict(result.baseline),
         "speedup_over_defaults": result.speedup,
         "capacity_audit": result.audit.to_dict() if result.audit else None,
+        "speculation": [decision.to_dict() for decision in result.speculation],
         "runs": [_run_dict(run) for run in result.runs],
     }
 
@@ -100,12 +103,34 @@ def describe_result(result: TuneResult) -> str:
         lines.append(f"  {_settings_text(run.config)}  {_outcome_text(run)}{_mark(run, result)}")
     if result.audit is not None:
         lines.append(f"Context check: {result.audit.message}")
+    lines.extend(_speculation_lines(result.speculation))
     if result.speedup is not None:
         lines.append(
             f"Chosen settings decode {result.speedup:.2f}x llama-cpp-python's defaults; "
             "they are now this model's default on this machine."
         )
     return "\n".join(lines)
+
+
+def _speculation_lines(decisions: Sequence[SpeculationDecision]) -> list[str]:
+    if not decisions:
+        return []
+    lines = ["Speculative decoding, measured per kind of prompt:"]
+    for decision in decisions:
+        verdict = _speculation_verdict(decision)
+        lines.append(f"  {decision.workload:10} {verdict} — {decision.reason}")
+    return lines
+
+
+def _speculation_verdict(decision: SpeculationDecision) -> str:
+    if not decision.enabled:
+        return "off"
+    parts = [describe(decision.chosen)]
+    if decision.gain is not None:
+        parts.append(f"{decision.gain:.2f}x")
+    if decision.acceptance_rate is not None:
+        parts.append(f"{decision.acceptance_rate:.0%} accepted")
+    return "on (" + ", ".join(parts) + ")"
 
 
 def _settings_text(config: dict[str, object]) -> str:

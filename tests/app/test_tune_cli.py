@@ -21,9 +21,14 @@ def test_tuning_a_model_file_prints_and_stores_the_winner(
     assert result["best"]["outcome"] == "ok" and result["best"]["decode_tps"] > 0
     assert result["baseline"]["config"]["n_ctx"] == 512
     assert result["speedup_over_defaults"] > 0
+    workloads = [decision["workload"] for decision in result["speculation"]]
+    assert workloads, "speculation is measured on the winner, per kind of prompt"
     with WisdomDB() as wisdom:
-        assert len(wisdom.export()["defaults"]) == 1
+        saved = {row["model"] for row in wisdom.export()["defaults"]}
+    model_key = result["key"]["model"]
+    assert saved == {model_key} | {f"{model_key}/speculative/{w}" for w in workloads}
 
     assert main(["tune", str(model), "--budget-s", "5"]) == 0
     text = capsys.readouterr().out
     assert "<- chosen" in text and "llama-cpp-python defaults" in text
+    assert "Speculative decoding, measured per kind of prompt:" in text
