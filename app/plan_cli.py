@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from hearthside.app.probe_cli import _load as load_profile
+from hearthside.app.probe_cli import load_profile
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.memory import WeightPiece, pieces_from_gguf
 from hearthside.autotune.planner import Goal, Plan, cpu_expert_layers, plan
@@ -30,7 +30,6 @@ from hearthside.autotune.variants import (
     plan_variants,
 )
 from hearthside.autotune.wisdom import WisdomDB
-from hearthside.core.errors import HearthsideError
 from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.store import DB_FILE_NAME, DEFAULT_REF, ModelRecord, ModelStore
@@ -171,15 +170,7 @@ def _calibration(profile: HardwareProfile) -> dict[str, float]:
 
 
 def _profile(args: argparse.Namespace) -> HardwareProfile:
-    if args.hardware is not None:
-        try:
-            return HardwareProfile.from_json(args.hardware.read_text("utf-8"))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise HearthsideError(
-                f"{args.hardware} is not a hardware profile ({exc}).",
-                hint="Save one with `hearthside probe --json > profile.json`.",
-            ) from exc
-    return load_profile(args.hardware_spec)
+    return load_profile(spec_path=args.hardware_spec, profile_path=args.hardware)
 
 
 def describe_choice(choice: VariantChoice) -> str:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.base import ProbeContext
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
@@ -24,7 +25,7 @@ def add_probe_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_probe(args: argparse.Namespace) -> int:
-    profile = _load(args.from_spec)
+    profile = load_profile(spec_path=args.from_spec)
     if args.json:
         sys.stdout.write(profile.to_json() + "\n")
     else:
@@ -32,7 +33,18 @@ def _run_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(spec_path: Path | None) -> HardwareProfile:
+def load_profile(
+    *, spec_path: Path | None = None, profile_path: Path | None = None
+) -> HardwareProfile:
+    """A saved profile (`hearthside probe --json > FILE`), a what-if spec, or this machine."""
+    if profile_path is not None:
+        try:
+            return HardwareProfile.from_json(profile_path.read_text("utf-8"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise HearthsideError(
+                f"{profile_path} is not a hardware profile ({exc}).",
+                hint="Save one with `hearthside probe --json > profile.json`.",
+            ) from exc
     if spec_path is not None:
         from hearthside.core.probe.spec import load_spec
 

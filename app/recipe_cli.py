@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hearthside.app.cli_support import reports_errors, text_table
-from hearthside.app.probe_cli import _load as load_profile
+from hearthside.app.probe_cli import load_profile
 from hearthside.autotune.planner import Reason
 from hearthside.autotune.serving import (
     ClusterSetup,
@@ -28,9 +28,9 @@ from hearthside.autotune.serving import (
     llama_server_command,
     llama_server_recipe,
     plan_vllm,
+    shell_groups,
     vllm_command,
 )
-from hearthside.core.errors import HearthsideError
 from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.spec import ClusterSpec, load_cluster_spec
@@ -133,17 +133,8 @@ def _cluster_lines(cluster: ClusterSetup) -> list[str]:
 
 
 def paste_ready(argv: Sequence[str]) -> str:
-    """The command shell-quoted, one flag (and its value) per line, ready to paste."""
-    head: list[str] = []
-    rest = list(argv)
-    while rest and not rest[0].startswith("-"):
-        head.append(rest.pop(0))
-    groups = [shlex.join(head)]
-    while rest:
-        flag = rest.pop(0)
-        value = [rest.pop(0)] if rest and not rest[0].startswith("-") else []
-        groups.append(shlex.join([flag, *value]))
-    return "  " + " \\\n    ".join(groups)
+    """The command shell-quoted, one flag (and its value) per line, indented, ready to paste."""
+    return "  " + " \\\n    ".join(shell_groups(argv))
 
 
 def memory_table(serving: ServingPlan) -> list[str]:
@@ -196,15 +187,7 @@ def _run_llama_server(args: argparse.Namespace) -> int:
 def _hardware(args: argparse.Namespace) -> HardwareProfile | ClusterSpec:
     if args.hardware_spec is not None:
         return load_cluster_spec(args.hardware_spec)
-    if args.hardware is not None:
-        try:
-            return HardwareProfile.from_json(args.hardware.read_text("utf-8"))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise HearthsideError(
-                f"{args.hardware} is not a hardware profile ({exc}).",
-                hint="Save one with `hearthside probe --json > profile.json`.",
-            ) from exc
-    return load_profile(None)
+    return load_profile(profile_path=args.hardware)
 
 
 def describe_llama_server(recipe: LlamaServerRecipe, command: Sequence[str] | None) -> str:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from hearthside.app.progress import ProgressLine
+from hearthside.autotune.load_settings import LoadSettings, choose_load_settings
+from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, GenerationMetrics, GenerationResult
 from hearthside.core.engine.remote import RemoteConfig
@@ -20,7 +22,10 @@ from hearthside.core.engine.remotes import remote_config, remote_name
 from hearthside.core.engine.service import EngineService, Job
 from hearthside.core.models.default_model import ensure_default_model
 from hearthside.core.models.store import ModelStore, resolve_model_path
-from hearthside.core.paths import data_dir
+from hearthside.core.paths import data_dir, models_dir
+from hearthside.core.probe.base import ProbeContext
+from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.probe.runner import probe_hardware
 
 T = TypeVar("T")
 HELP = "Commands: /new starts a new chat, /system TEXT sets the system prompt, /exit leaves."
@@ -57,37 +62,55 @@ def resolve_model(ref: str) -> Path:
         return resolve_model_path(store, ref)
 
 
+def load_settings_for(
+    model_ref: str,
+    n_ctx: int,
+    n_threads: int | None,
+    n_threads_batch: int | None,
+    profile: HardwareProfile | None = None,
+) -> LoadSettings:
+    """The model's settings on this machine: measured, else planned (autotune/load_settings.py).
+    Without `profile` the hardware is probed here (half a second)."""
+    path = resolve_model(model_ref)
+    if profile is None:
+        profile = probe_hardware(ProbeContext(models_dir=models_dir(data_dir())))
+    with WisdomDB() as wisdom:
+        return choose_load_settings(
+            path, profile, wisdom, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch
+        )
+
+
 def engine_config_for(
     model_ref: str, n_ctx: int, n_threads: int | None, n_threads_batch: int | None
 ) -> EngineConfig:
-    return EngineConfig(
-        model_path=str(resolve_model(model_ref)),
-        n_ctx=n_ctx,
-        n_threads=n_threads,
-        n_threads_batch=n_threads_batch,
-    )
+    return load_settings_for(model_ref, n_ctx, n_threads, n_threads_batch).config
 
 
 def config_for(
     model_ref: str, n_ctx: int, n_threads: int | None, n_threads_batch: int | None
-) -> EngineConfig | RemoteConfig:
+) -> LoadSettings | RemoteConfig:
     """`remote:NAME` is a saved remote server (its context is the server's); anything else is
-    a local model."""
+    a local model, with the settings chosen for this machine."""
     if remote_name(model_ref) is not None:
         return remote_config(model_ref)
-    return engine_config_for(model_ref, n_ctx, n_threads, n_threads_batch)
+    return load_settings_for(model_ref, n_ctx, n_threads, n_threads_batch)
 
 
-def loading_note(config: EngineConfig | RemoteConfig) -> str:
-    if isinstance(config, RemoteConfig):
-        return f"Connecting to {config.describe()} …"
-    return f"Loading {Path(config.model_path).name} …"
+def loading_note(chosen: LoadSettings | RemoteConfig) -> str:
+    if isinstance(chosen, RemoteConfig):
+        return f"Connecting to {chosen.describe()} …"
+    return f"Loading {Path(chosen.config.model_path).name} … {chosen.why}"
+
+
+def config_of(chosen: LoadSettings | RemoteConfig) -> EngineConfig | RemoteConfig:
+    return chosen if isinstance(chosen, RemoteConfig) else chosen.config
 
 
 def _start_service(options: ChatOptions) -> EngineService:
-    config = config_for(options.model, options.n_ctx, options.n_threads, options.n_threads_batch)
+    chosen = config_for(options.model, options.n_ctx, options.n_threads, options.n_threads_batch)
+    config = config_of(chosen)
     service = EngineService().start()
-    status(loading_note(config))
+    status(loading_note(chosen))
     try:
         service.load(config).result()
     except BaseException:

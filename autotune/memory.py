@@ -216,7 +216,7 @@ def _place_weights(
     mapped: list[WeightPiece] = []
     used_from_map = 0
     for piece in pieces:
-        device = _device_of_piece(piece, placement, config)
+        device = device_of_piece(piece, placement, config)
         if "_exps" in piece.name:
             estimate.device(device).expert_bytes += piece.bytes
         if device != CPU:
@@ -254,7 +254,7 @@ def _mapped_bytes(pieces: Sequence[WeightPiece], use_mmap: bool) -> int:
     return end - start + unlocated
 
 
-def _device_of_piece(piece: WeightPiece, placement: LayerPlacement, config: EngineConfig) -> str:
+def device_of_piece(piece: WeightPiece, placement: LayerPlacement, config: EngineConfig) -> str:
     for override in config.tensor_overrides:
         if re.search(override.pattern, piece.name):
             return CPU if override.device.upper().startswith("CPU") else override.device

@@ -24,11 +24,11 @@ from hearthside.autotune.memory import (
     LayerPlacement,
     MemoryEstimate,
     WeightPiece,
+    device_of_piece,
     estimate_memory,
     pieces_from_spec,
     repacked_types,
 )
-from hearthside.autotune.memory import _device_of_piece as device_of_piece
 from hearthside.autotune.recipes import matching
 from hearthside.autotune.wisdom import Recipe
 from hearthside.core.engine.config import EngineConfig, TensorOverride

@@ -50,6 +50,9 @@ def _condition(key: str, wanted: Any, spec: ModelSpec, profile: HardwareProfile)
         return any(gpu.arch in wanted for gpu in profile.gpus)
     if key == "gpu_vendor":
         return any(gpu.vendor in wanted for gpu in profile.gpus)
+    if key == "bigger_than_ram":
+        ram = profile.memory.available_bytes or profile.memory.total_bytes
+        return (spec.size_bytes is not None and ram is not None and spec.size_bytes > ram) == wanted
     if key == "numa_nodes_at_least":
         return (profile.cpu.numa_nodes or 1) >= wanted
     raise ValueError(f"recipe condition {key!r} is not known")

@@ -31,6 +31,7 @@ import difflib
 import functools
 import json
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -1188,6 +1189,21 @@ def vllm_options() -> CliOptions:
 
 def llama_server_options() -> CliOptions:
     return _load_options("llama_server_cli_options.json")
+
+
+def shell_groups(argv: Sequence[str]) -> list[str]:
+    """The command shell-quoted in paste-ready pieces: the program with its arguments, then
+    each flag with its value."""
+    head: list[str] = []
+    rest = list(argv)
+    while rest and not rest[0].startswith("-"):
+        head.append(rest.pop(0))
+    groups = [shlex.join(head)]
+    while rest:
+        flag = rest.pop(0)
+        value = [rest.pop(0)] if rest and not rest[0].startswith("-") else []
+        groups.append(shlex.join([flag, *value]))
+    return groups
 
 
 def check_command(argv: Sequence[str], options: CliOptions) -> None:

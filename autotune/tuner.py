@@ -182,7 +182,8 @@ def tune(
         deadline = started + budget_s * share
         runs: list[RunRecord] = []
         for index, config in enumerate(queue, start=1):
-            if stop.is_set() or (runs and time.monotonic() > deadline):
+            # llama-cpp-python's defaults and the planner's pick are always measured
+            if stop.is_set() or (index > 2 and time.monotonic() > deadline):
                 break
             run = _try(db, key, config, rigor, planned, index, len(queue), notify)
             if run is not None:
@@ -296,7 +297,7 @@ def _try(
         return known
     notify(TuneEvent("start", index, total, settings, predicted))
     run = db.record_run(_measure(key, config, rigor, planned))
-    if run.outcome == "ok":
+    if run.outcome == "ok" and _same(settings, planned.config):
         _learn(db, key, run, planned)
         notify(
             TuneEvent(
@@ -357,11 +358,14 @@ def _failure_kind(exc: EngineError) -> Literal["oom", "failed"]:
 
 
 def _learn(db: WisdomDB, key: TuningKey, run: RunRecord, planned: Plan) -> None:
-    """Measured over predicted, per kind of work, for the tier that bounded the prediction."""
+    """Measured over predicted, per kind of work, for the tier that bounded the prediction:
+    from the run of the planner's own pick only (the prediction is for those settings), and
+    decode against the empty-context figure, which is what llama-bench's tg measures."""
     tier = planned.speed.decode_bound_by
-    if run.decode_tps and planned.speed.decode_tps:
+    predicted_decode = planned.speed.decode_tps_empty_context or planned.speed.decode_tps
+    if run.decode_tps and predicted_decode:
         db.learn_efficiency(
-            key.machine, key.engine, tier, "decode", run.decode_tps / planned.speed.decode_tps
+            key.machine, key.engine, tier, "decode", run.decode_tps / predicted_decode
         )
     if run.prefill_tps and planned.speed.prefill_tps:
         db.learn_efficiency(

@@ -29,7 +29,6 @@ from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
-    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -43,6 +42,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hearthside.app.gui.message_bar import MessageBar
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.memory import CPU
@@ -545,7 +545,7 @@ class HubDialog(QDialog):
 
     @property
     def message(self) -> str:
-        return self.message_label.text() if self.message_bar.isVisibleTo(self) else ""
+        return self.message_bar.text
 
     @property
     def repos(self) -> list[HubRepoSummary]:
@@ -628,11 +628,7 @@ class HubDialog(QDialog):
             self._set_progress_text("Stopping…")
 
     def show_message(self, text: str, *, error: bool = False) -> None:
-        self.message_bar.setProperty("kind", "error" if error else "info")
-        self.message_bar.style().unpolish(self.message_bar)
-        self.message_bar.style().polish(self.message_bar)
-        self.message_label.setText(text)
-        self.message_bar.show()
+        self.message_bar.show_text(text, error=error)
 
     # -- Qt --
 
@@ -680,20 +676,8 @@ class HubDialog(QDialog):
         row.addWidget(self.search_status)
         return row
 
-    def _build_message_bar(self) -> QFrame:
-        self.message_bar = QFrame()
-        self.message_bar.setObjectName("messageBar")
-        row = QHBoxLayout(self.message_bar)
-        row.setContentsMargins(12, 8, 8, 8)
-        self.message_label = QLabel()
-        self.message_label.setWordWrap(True)
-        self.message_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        close = QPushButton("Dismiss")
-        close.setFlat(True)
-        close.clicked.connect(self.message_bar.hide)
-        row.addWidget(self.message_label, 1)
-        row.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
-        self.message_bar.hide()
+    def _build_message_bar(self) -> MessageBar:
+        self.message_bar = MessageBar(self)
         return self.message_bar
 
     def _build_repo_table(self) -> QTableWidget:

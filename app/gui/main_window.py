@@ -45,6 +45,7 @@ from hearthside.app.gui.conversation_list import ConversationList
 from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
 from hearthside.app.gui.hardware_page import HardwarePage
 from hearthside.app.gui.icons import app_icon, icon
+from hearthside.app.gui.message_bar import MessageBar
 from hearthside.app.gui.model_loader import (
     LoadOptions,
     PreparedModel,
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     from hearthside.core.engine.engine import GenerationMetrics
     from hearthside.core.engine.remote import RemoteConfig
     from hearthside.core.engine.service import EngineService
+    from hearthside.core.probe.profile import HardwareProfile
 
 WINDOW_TITLE = "Hearthside"
 CHAT_PAGE, MODELS_PAGE, HARDWARE_PAGE, PLAN_PAGE = 0, 1, 2, 3
@@ -112,35 +114,6 @@ def plain_error_text(error: BaseException) -> str:
         f"Something went wrong ({type(error).__name__}). Try again; if it keeps happening, "
         "restart Hearthside."
     )
-
-
-class MessageBar(QFrame):
-    """A dismissible line above the pages for errors and notices, in plain words."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("messageBar")
-        self.label = QLabel(self)
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.close_button = QPushButton("Dismiss", self)
-        self.close_button.clicked.connect(self.hide)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(10, 6, 6, 6)
-        row.addWidget(self.label, 1)
-        row.addWidget(self.close_button, 0, Qt.AlignmentFlag.AlignTop)
-        self.hide()
-
-    def show_text(self, text: str, *, error: bool) -> None:
-        self.setProperty("kind", "error" if error else "info")
-        self.style().unpolish(self)
-        self.style().polish(self)
-        self.label.setText(text)
-        self.show()
-
-    @property
-    def text(self) -> str:
-        return self.label.text() if not self.isHidden() else ""
 
 
 class OptimizeBanner(QFrame):
@@ -192,6 +165,7 @@ class MainWindow(QMainWindow):
         self.reply_writer = ReplyWriter(self.root, parent=self)
         self._preparing: BackgroundTask[PreparedModel] | None = None
         self._loading_remote: str | None = None  # the remote's name while connecting to it
+        self._settings_why = ""  # where the loading settings came from (model tooltip)
         self._install_progress = MainThreadRelay(self._show_install_progress, self)
         self._shut_down = False
         self._build_pages(probe_command)
@@ -216,7 +190,8 @@ class MainWindow(QMainWindow):
         self.models_page = ModelsPage(self.root, self)
         self.hardware_page = HardwarePage(self, probe_command=probe_command)
         # The plan page takes the Hardware page's profile; it probes only if it has none yet.
-        self.plan_page = PlanPage(self, settings=self.settings, probe=default_probe(probe_command))
+        self._probe = default_probe(probe_command)
+        self.plan_page = PlanPage(self, settings=self.settings, probe=self._probe)
         self.pages = QStackedWidget(self)
         for page in (self.sidebar_splitter, self.models_page, self.hardware_page, self.plan_page):
             self.pages.addWidget(page)
@@ -356,7 +331,18 @@ class MainWindow(QMainWindow):
         """Resolve `ref` (installing the default model on first use) off the GUI thread, then
         load it through the engine; chatting waits until it is ready."""
         options, relay = self.load_options, self._install_progress
-        self._prepare(lambda: prepare_model(ref, options, progress=lambda *done: relay.post(done)))
+        profile = self._profile_source()
+        self._prepare(
+            lambda: prepare_model(
+                ref, options, progress=lambda *done: relay.post(done), profile=profile
+            )
+        )
+
+    def _profile_source(self) -> Callable[[], HardwareProfile]:
+        """The Hardware page's profile when it has one, else a probe of its own (in a child
+        process, like the page's), run where the model is prepared."""
+        known = self.hardware_page.profile
+        return (lambda: known) if known is not None else self._probe
 
     def load_config(self, config: EngineConfig) -> None:
         """Load exactly `config` (a plan's settings). Its `model_path` may name the model as
@@ -381,6 +367,7 @@ class MainWindow(QMainWindow):
         self.install_progress.hide()
         self.session.set_model_pending(False)
         self._loading_remote = prepared.name if prepared.is_remote else None
+        self._settings_why = prepared.why
         try:
             self.bridge.load(prepared.config, prepared.name, prepared.model_id)
         except HearthsideError as exc:
@@ -425,7 +412,8 @@ class MainWindow(QMainWindow):
             self.model_label.setToolTip(remote.model_path)
         else:
             self.model_label.setText(loaded.name)
-            self.model_label.setToolTip(loaded.config.model_path)
+            why = f"\n{self._settings_why}" if self._settings_why else ""
+            self.model_label.setToolTip(loaded.config.model_path + why)
             self.plan_page.set_loaded_model(loaded.model_id or loaded.config.model_path)
         self.chat_pane.input.setFocus()
 

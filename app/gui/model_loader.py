@@ -13,6 +13,7 @@ those imports (llama_cpp, SQLite helpers) would delay the first paint by seconds
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from hearthside.core.engine.config import EngineConfig
     from hearthside.core.engine.remote import RemoteConfig
     from hearthside.core.models.store import ModelRecord, ProgressCallback
+    from hearthside.core.probe.profile import HardwareProfile
     from hearthside.core.settings import Settings
 
 
@@ -44,6 +46,7 @@ class PreparedModel:
     config: EngineConfig | RemoteConfig
     name: str  # what the window calls it
     model_id: str | None  # None for a GGUF path that is not registered, or a remote server
+    why: str = ""  # where the settings came from: measured here, planned, or defaults
 
     @property
     def is_remote(self) -> bool:
@@ -63,21 +66,32 @@ def needs_default_install(ref: str) -> bool:
 
 
 def prepare_model(
-    ref: str, options: LoadOptions, progress: ProgressCallback | None = None
+    ref: str,
+    options: LoadOptions,
+    progress: ProgressCallback | None = None,
+    profile: Callable[[], HardwareProfile] | None = None,
 ) -> PreparedModel:
     """The config for `ref` ("default", a model id, a GGUF path, or `remote:NAME` for a saved
-    remote server); blocking."""
-    from hearthside.app.terminal_chat import engine_config_for
+    remote server), with the settings chosen for this machine (`profile` gives the hardware;
+    without it the probe runs in this process); blocking."""
+    from hearthside.app.terminal_chat import load_settings_for
     from hearthside.core.engine.remotes import remote_config, remote_name
 
     remote = remote_name(ref)
     if remote is not None:
         return PreparedModel(remote_config(ref), remote, None)
     record = _installed_record(ref, progress)
-    config = engine_config_for(ref, options.n_ctx, options.n_threads, options.n_threads_batch)
+    chosen = load_settings_for(
+        ref,
+        options.n_ctx,
+        options.n_threads,
+        options.n_threads_batch,
+        profile() if profile is not None else None,
+    )
+    config = chosen.config
     if record is None:
-        return PreparedModel(config, Path(config.model_path).stem, None)
-    return PreparedModel(config, record.name, record.id)
+        return PreparedModel(config, Path(config.model_path).stem, None, chosen.why)
+    return PreparedModel(config, record.name, record.id, chosen.why)
 
 
 def prepare_config(config: EngineConfig) -> PreparedModel:

@@ -45,6 +45,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hearthside.app.gui.message_bar import MessageBar
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.store import ModelRecord, ModelStore, human_size
@@ -262,15 +263,11 @@ class ModelsPage(QWidget):
         return self._job is not None
 
     def show_message(self, text: str, *, error: bool = False) -> None:
-        self.message_bar.setProperty("kind", "error" if error else "info")
-        self.message_bar.style().unpolish(self.message_bar)
-        self.message_bar.style().polish(self.message_bar)
-        self.message_label.setText(text)
-        self.message_bar.show()
+        self.message_bar.show_text(text, error=error)
 
     @property
     def message(self) -> str:
-        return self.message_label.text() if self.message_bar.isVisibleTo(self) else ""
+        return self.message_bar.text
 
     def set_hardware_profile(self, profile: HardwareProfile) -> None:
         """The machine the hub dialog's fit badges are for (else it probes once itself)."""
@@ -434,20 +431,8 @@ class ModelsPage(QWidget):
         header.addWidget(self.add_button, 0, Qt.AlignmentFlag.AlignVCenter)
         return header
 
-    def _build_message_bar(self) -> QFrame:
-        self.message_bar = QFrame()
-        self.message_bar.setObjectName("messageBar")
-        row = QHBoxLayout(self.message_bar)
-        row.setContentsMargins(12, 8, 8, 8)
-        self.message_label = QLabel()
-        self.message_label.setWordWrap(True)
-        self.message_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        close = QPushButton("Dismiss")
-        close.setFlat(True)
-        close.clicked.connect(self.message_bar.hide)
-        row.addWidget(self.message_label, 1)
-        row.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
-        self.message_bar.hide()
+    def _build_message_bar(self) -> MessageBar:
+        self.message_bar = MessageBar(self)
         return self.message_bar
 
     def _build_progress_row(self) -> QWidget:

@@ -41,6 +41,7 @@ from hearthside.autotune.serving import (
     llama_server_command,
     llama_server_recipe,
     plan_vllm,
+    shell_groups,
     vllm_command,
 )
 from hearthside.autotune.wisdom import RunRecord, WisdomDB
@@ -580,16 +581,7 @@ def shell_comment(text: str) -> str:
 
 def shell_text(argv: Sequence[str]) -> str:
     """The command shell-quoted, one flag and its value per line, ready to paste."""
-    head: list[str] = []
-    rest = list(argv)
-    while rest and not rest[0].startswith("-"):
-        head.append(rest.pop(0))
-    lines = [shlex.join(head)]
-    while rest:
-        flag = rest.pop(0)
-        value = [rest.pop(0)] if rest and not rest[0].startswith("-") else []
-        lines.append("  " + shlex.join([flag, *value]))
-    return " \\\n".join(lines)
+    return " \\\n  ".join(shell_groups(argv))
 
 
 def recipe_verdict(outcome: RecipeOutcome) -> tuple[str, str]:

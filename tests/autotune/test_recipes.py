@@ -63,3 +63,12 @@ def test_recipes_are_loaded_into_the_autotune_db(tmp_path: Path) -> None:
     with WisdomDB(tmp_path / "wisdom.db") as wisdom:
         sync_recipes(wisdom)
         assert [r.id for r in wisdom.recipes()] == sorted(r.id for r in shipped_recipes())
+
+
+def test_disk_streaming_is_a_reason_only_when_the_model_is_bigger_than_ram() -> None:
+    def streaming_reason(model: str) -> bool:
+        result = plan(catalog_spec(model), machine(memory_gb=32))
+        return any(r.value == "mmap-stream-bigger-than-ram" for r in result.reasons)
+
+    assert streaming_reason("llama-3.1-405b")
+    assert not streaming_reason("llama-3.1-8b")

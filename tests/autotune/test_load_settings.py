@@ -1,0 +1,92 @@
+"""A model loads with what was measured here, else what was planned — never bare defaults."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hearthside.autotune.fingerprint import tuning_key
+from hearthside.autotune.load_settings import choose_load_settings
+from hearthside.autotune.wisdom import WisdomDB
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.probe.profile import CpuInfo, HardwareProfile, MemoryInfo
+from hearthside.core.probe.runner import probe_hardware
+from tests.fixtures.synthetic_gguf import write_synthetic_gguf
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("load-settings")
+    return write_synthetic_gguf(folder / "tiny-dense.gguf", "tiny-dense", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def profile() -> HardwareProfile:
+    return probe_hardware()
+
+
+@pytest.fixture
+def wisdom(tmp_path: Path) -> WisdomDB:
+    with WisdomDB(tmp_path / "wisdom.db") as db:
+        yield db
+
+
+def test_an_untuned_model_loads_with_the_planners_settings(
+    model: Path, profile: HardwareProfile, wisdom: WisdomDB
+) -> None:
+    chosen = choose_load_settings(model, profile, wisdom, n_ctx=1024)
+    assert chosen.source == "planned"
+    assert "Optimize" in chosen.why
+    assert chosen.config.model_path == str(model) and chosen.config.n_ctx == 1024
+    assert chosen.config.n_threads is not None  # the planner decides, not llama.cpp's guess
+
+
+def test_measured_settings_win_and_keep_the_context_asked_for(
+    model: Path, profile: HardwareProfile, wisdom: WisdomDB
+) -> None:
+    tuned = EngineConfig(
+        str(model), n_ctx=2048, n_threads=1, n_ubatch=128, flash_attn=True, type_k="q8_0"
+    )
+    wisdom.set_default(tuning_key(profile, model), tuned.to_dict(), "fastest")
+    chosen = choose_load_settings(model, profile, wisdom, n_ctx=1024)
+    assert chosen.source == "tuned" and "measured on this machine" in chosen.why
+    assert chosen.config == tuned.with_changes(n_ctx=1024)
+
+
+def test_threads_the_user_sets_override_the_measured_ones(
+    model: Path, profile: HardwareProfile, wisdom: WisdomDB
+) -> None:
+    tuned = EngineConfig(str(model), n_threads=1, n_threads_batch=1)
+    wisdom.set_default(tuning_key(profile, model), tuned.to_dict(), "fastest")
+    chosen = choose_load_settings(model, profile, wisdom, n_ctx=512, n_threads=2)
+    assert chosen.source == "tuned"
+    assert (chosen.config.n_threads, chosen.config.n_threads_batch) == (2, 1)
+
+
+def test_measured_settings_that_no_longer_fit_give_way_to_a_plan(
+    model: Path, profile: HardwareProfile, wisdom: WisdomDB
+) -> None:
+    # the same machine with 200 MiB to spare: a long context's f16 KV cache no longer fits
+    spare = 2 * GIB + 200 * MIB  # the planner keeps 2 GiB free for other programs
+    small = replace(
+        profile, memory=replace(profile.memory, total_bytes=spare, available_bytes=spare)
+    )
+    tuned = EngineConfig(str(model), flash_attn=True, type_k="f16", type_v="f16")
+    wisdom.set_default(tuning_key(small, model), tuned.to_dict(), "fastest")
+    chosen = choose_load_settings(model, small, wisdom, n_ctx=2048)
+    assert chosen.source == "tuned"  # a short context still fits
+    long = choose_load_settings(model, small, wisdom, n_ctx=65536)
+    assert long.source == "planned" and "do not fit a 65536-token context" in long.why
+    assert long.config.n_ctx == 65536 and long.config.type_k in ("q8_0", "q4_0")
+
+
+def test_a_failed_probe_falls_back_to_the_engines_defaults(model: Path, wisdom: WisdomDB) -> None:
+    unknown = HardwareProfile(cpu=CpuInfo(arch="x86_64"), memory=MemoryInfo(), os="linux")
+    chosen = choose_load_settings(model, unknown, wisdom, n_ctx=512)
+    assert chosen.source == "engine defaults" and "probe failed" in chosen.why
+    assert chosen.config == EngineConfig(str(model), n_ctx=512)
