@@ -237,12 +237,23 @@ def _save_defaults(
 ) -> None:
     """The winner as the model's default (with the chat workload's speculation), and each
     workload's speculative choice as that workload's default."""
-    chosen = {decision.workload: asdict(decision.chosen) for decision in decisions}
-    default = {**best.config, "speculative": chosen.get("chat", best.config.get("speculative"))}
-    db.set_default(key, default, goal, run_id=best.id)
-    for workload, speculative in chosen.items():
-        workload_config = {**best.config, "speculative": speculative}
-        db.set_default(speculative_key(key, workload), workload_config, goal)
+    chat = next((d.chosen for d in decisions if d.workload == "chat"), None)
+    speculative = asdict(chat) if chat is not None else best.config.get("speculative")
+    db.set_default(key, {**best.config, "speculative": speculative}, goal, run_id=best.id)
+    save_speculation_defaults(db, key, best.config, goal, decisions)
+
+
+def save_speculation_defaults(
+    db: WisdomDB,
+    key: TuningKey,
+    config: dict[str, Any],
+    goal: Goal,
+    decisions: Sequence[SpeculationDecision],
+) -> None:
+    """Each workload's speculative choice on `config` as that workload's default."""
+    for decision in decisions:
+        workload_config = {**config, "speculative": asdict(decision.chosen)}
+        db.set_default(speculative_key(key, decision.workload), workload_config, goal)
 
 
 def _audit(db: WisdomDB, key: TuningKey, model_path: Path, best: RunRecord) -> CapacityAudit:
@@ -434,6 +445,45 @@ def decide_speculation(
         workloads=tuple(workloads) if workloads is not None else load_workloads(),
         first_index=first_index,
     )
+
+
+@dataclass(frozen=True)
+class StoredSpeculation:
+    """What the tuner chose for one workload and kept as its default, with what it measured."""
+
+    workload: str
+    title: str
+    chosen: SpeculativeConfig
+    gain: float | None  # decode speed over plain decode, measured side by side
+    acceptance_rate: float | None
+
+
+def stored_speculation(
+    db: WisdomDB, key: TuningKey, workloads: Sequence[Workload] | None = None
+) -> tuple[StoredSpeculation, ...]:
+    """The speculative choice saved for each workload of the model `key` (none before tuning)."""
+    stored = []
+    for workload in workloads if workloads is not None else load_workloads():
+        default = db.default_for(speculative_key(key, workload.id))
+        if default is None:
+            continue
+        chosen = SpeculativeConfig(**(default.config.get("speculative") or {}))
+        if chosen.mode == "off":
+            stored.append(StoredSpeculation(workload.id, workload.title, chosen, None, None))
+            continue
+        where = speculative_key(key, workload.id)
+        run = db.lookup(where, default.config, "quick")
+        plain = db.lookup(
+            where, {**default.config, "speculative": asdict(SpeculativeConfig())}, "quick"
+        )
+        extra = (run.predicted or {}) if run is not None else {}
+        gain = extra.get("paired_gain")
+        if gain is None and run and plain and run.decode_tps and plain.decode_tps:
+            gain = run.decode_tps / plain.decode_tps
+        stats = extra.get("speculation") or {}
+        acceptance = stats.get("acceptance_rate")
+        stored.append(StoredSpeculation(workload.id, workload.title, chosen, gain, acceptance))
+    return tuple(stored)
 
 
 class _SpeculationSearch:

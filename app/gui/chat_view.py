@@ -45,7 +45,19 @@ def describe_metrics(metrics: GenerationMetrics) -> str:
     if metrics.ttft_s is not None:
         parts.append(f"first token {metrics.ttft_s:.2f} s")
     parts.append(f"{metrics.completion_tokens} tokens")
+    drafts = speculation_text(metrics)
+    if drafts:
+        parts.append(drafts)
     return " · ".join(parts)
+
+
+def speculation_text(metrics: GenerationMetrics) -> str | None:
+    """`drafts 62% accepted (2.4 a step)` when speculative decoding ran, else None."""
+    stats = metrics.speculative
+    if stats is None or stats.acceptance_rate is None:
+        return None
+    per_step = f" ({stats.mean_accepted_length:.1f} a step)" if stats.mean_accepted_length else ""
+    return f"drafts {stats.acceptance_rate:.0%} accepted{per_step}"
 
 
 def reply_note(metrics: GenerationMetrics | None, *, complete: bool) -> str | None:

@@ -41,6 +41,7 @@ from hearthside.app.gui.api_switch import ApiSwitch
 from hearthside.app.gui.chat_pane import ChatPane
 from hearthside.app.gui.chat_session import ChatSession, ContextUse
 from hearthside.app.gui.chat_settings_dialog import ChatSettingsDialog
+from hearthside.app.gui.chat_view import speculation_text
 from hearthside.app.gui.conversation_list import ConversationList
 from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
 from hearthside.app.gui.hardware_page import HardwarePage
@@ -406,6 +407,7 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_model_loaded(self, loaded: LoadedModel) -> None:
         self._loading_remote = None
+        self.speed_label.clear()  # the last reply's figures were another model's
         remote = remote_config_of(loaded)
         if remote is not None:
             self.model_label.setText(remote_status_text(loaded.name, remote))
@@ -511,6 +513,9 @@ class MainWindow(QMainWindow):
             parts.append(f"{metrics.decode_tok_s:.1f} tok/s")
         if metrics.ttft_s is not None:
             parts.append(f"TTFT {metrics.ttft_s:.2f} s")
+        drafts = speculation_text(metrics)
+        if drafts:
+            parts.append(drafts)
         self.speed_label.setText(" · ".join(parts))
 
     @Slot(object)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hearthside.app.gui.memory_bar import human_bytes
 from hearthside.autotune.calibration import calibration_for
@@ -54,6 +54,9 @@ from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
 from hearthside.core.probe.spec import ClusterSpec, load_cluster_spec
+
+if TYPE_CHECKING:  # the tuner loads the engine (llama.cpp): not before the window shows
+    from hearthside.autotune.tuner import StoredSpeculation
 
 GOAL_NAMES: dict[str, str] = {
     "balanced": "Balanced",
@@ -122,6 +125,7 @@ class PlanView:
     calibration: dict[str, float]
     model_file: Path | None  # None for a what-if (catalog) model: nothing to load
     measured: MeasuredSpeed | None
+    speculation: tuple[StoredSpeculation, ...] = ()  # what tuning chose per kind of prompt
 
     @property
     def what_if(self) -> bool:
@@ -169,10 +173,14 @@ def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
             free_margin_bytes=request.free_margin_bytes,
             calibration=calibration or None,
         )
-        measured = None
+        measured: MeasuredSpeed | None = None
+        speculation: tuple[StoredSpeculation, ...] = ()
         if model_file is not None and this_machine:
             measured = measured_speed(wisdom, profile, model_file, result.config)
-    return PlanView(request, result, spec, calibration, model_file, measured)
+            from hearthside.autotune.tuner import stored_speculation  # loads the engine: here only
+
+            speculation = stored_speculation(wisdom, tuning_key(profile, model_file))
+    return PlanView(request, result, spec, calibration, model_file, measured, speculation)
 
 
 def model_file_of(ref: str) -> Path | None:
@@ -340,6 +348,26 @@ def seconds_text(value: float | None) -> str:
     if value is None or value == float("inf"):
         return "—"
     return f"{value:.2f} s" if value < 10 else f"{value:.0f} s"
+
+
+def speculation_rows(stored: Sequence[StoredSpeculation]) -> list[SettingRow]:
+    """One row per kind of prompt the tuner measured speculative decoding on."""
+    from hearthside.autotune.speculative import describe  # the engine is loaded by now
+
+    rows = []
+    for choice in stored:
+        if choice.chosen.mode == "off":
+            why = "Measured: drafting did not make these replies faster, so it stays off."
+        else:
+            gain = f"{choice.gain:.2f}× faster" if choice.gain else "faster"
+            accepted = (
+                f", {choice.acceptance_rate:.0%} of drafts accepted"
+                if choice.acceptance_rate is not None
+                else ""
+            )
+            why = f"Measured {gain} than plain decoding{accepted}."
+        rows.append(SettingRow(f"Speculation ({choice.title})", describe(choice.chosen), why))
+    return rows
 
 
 def speed_rows(speed: SpeedEstimate, measured: MeasuredSpeed | None) -> list[tuple[str, str, str]]:

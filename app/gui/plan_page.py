@@ -19,10 +19,10 @@ has none and plans for this machine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from PySide6.QtCore import QByteArray, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QIcon, QImage, QPainter, QPixmap, QShowEvent
@@ -71,6 +71,7 @@ from hearthside.app.gui.plan_content import (
     needs_recipe,
     override_summary,
     setting_rows,
+    speculation_rows,
     speed_rows,
     verdict,
 )
@@ -91,6 +92,9 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from hearthside.autotune.tuner import StoredSpeculation
 
 GIB = 1024**3
 KEEP_FREE_KEY = "plan/keep_free_gb"
@@ -518,7 +522,7 @@ class PlanPage(QWidget):
         self.confidence_label.setText(confidence_text(view))
         self._show_memory(plan_)
         self._show_speed(view)
-        self._show_settings(plan_)
+        self._show_settings(plan_, view.speculation)
         self._show_alternatives(plan_)
         self._show_advice(plan_)
         self._fill_overrides(view)
@@ -558,10 +562,10 @@ class PlanPage(QWidget):
             "prompt. " + measured_note(view)
         )
 
-    def _show_settings(self, plan_: Plan) -> None:
+    def _show_settings(self, plan_: Plan, speculation: Sequence[StoredSpeculation]) -> None:
         _clear(self.settings_grid)
         self.setting_labels: dict[str, tuple[QLabel, QLabel]] = {}
-        rows = setting_rows(plan_) if plan_.reasons else []
+        rows = setting_rows(plan_) + speculation_rows(speculation) if plan_.reasons else []
         for row, setting in enumerate(rows):
             value = _label(setting.value, wrap=False)
             why = _label(setting.why)

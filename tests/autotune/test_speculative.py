@@ -24,7 +24,12 @@ from hearthside.autotune.speculative import (
     predicted_speedup,
     speculative_key,
 )
-from hearthside.autotune.tuner import TuneEvent, decide_speculation
+from hearthside.autotune.tuner import (
+    TuneEvent,
+    decide_speculation,
+    save_speculation_defaults,
+    stored_speculation,
+)
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
 from hearthside.core.engine.speculative import SpeculationStats
@@ -178,3 +183,9 @@ def test_the_tuner_turns_lookup_on_for_code_edits_and_records_why(
         )
         assert [event.kind for event in events] == ["reused"] * len(events)
         assert again.chosen == decision.chosen
+
+        save_speculation_defaults(wisdom, key, config, "fastest", [decision])
+        (stored,) = stored_speculation(wisdom, key, [code_edit])  # what the plan page shows
+        assert (stored.workload, stored.chosen) == ("code_edit", decision.chosen)
+        assert stored.gain == pytest.approx(decision.gain)
+        assert stored.acceptance_rate == pytest.approx(decision.acceptance_rate)

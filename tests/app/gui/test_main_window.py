@@ -22,6 +22,7 @@ from hearthside.app.gui.app import apply_palette
 from hearthside.app.gui.chat_settings_dialog import ChatSettingsDialog
 from hearthside.app.gui.main_window import MainWindow
 from hearthside.app.gui.markdown import DARK_CODE_THEME, LIGHT_CODE_THEME
+from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
 from hearthside.core.engine.engine import GenerationResult
 from hearthside.core.history.store import StoredMessage
 from hearthside.core.models.store import ModelStore
@@ -464,3 +465,28 @@ def test_a_dark_palette_recolours_code_blocks(chat: MainWindow, qapp: QApplicati
         apply_palette(qapp, dark=False)
         chat.apply_theme(dark=False)
     assert LIGHT_CODE_THEME.background in chat.chat_pane.view.toHtml()
+
+
+def test_speculative_decoding_shows_its_acceptance_under_the_reply_and_in_the_status(
+    chat: MainWindow, qtbot: QtBot
+) -> None:
+    loaded = chat.bridge.loaded_model
+    assert loaded is not None
+    lookup = SpeculativeConfig(mode="prompt_lookup", draft_tokens=8, ngram_size=2)
+    try:
+        reload(qtbot, chat, loaded.config.with_changes(speculative=lookup))
+        chat.new_chat()
+        use_settings(chat, max_tokens=48)
+        code = "def area(width, height):\n    return width * height\n"
+        with replied(qtbot, chat):
+            send_with_ctrl_enter(qtbot, chat, f"Repeat this code exactly:\n{code}")
+        assert "accepted" in chat.speed_label.text()
+        assert "drafts" in chat.chat_pane.view.toPlainText()  # the note under the reply
+    finally:
+        reload(qtbot, chat, loaded.config)
+    assert "accepted" not in chat.speed_label.text()
+
+
+def reload(qtbot: QtBot, window: MainWindow, config: EngineConfig) -> None:
+    with qtbot.waitSignal(window.bridge.load_finished, timeout=REPLY_TIMEOUT_MS):
+        window.load_config(config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,10 @@ from hearthside.app.gui.plan_content import PlanView
 from hearthside.app.gui.plan_page import PlanPage
 from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.memory import CPU
+from hearthside.autotune.speculative import SpeculationDecision, speculative_key
+from hearthside.autotune.tuner import save_speculation_defaults
 from hearthside.autotune.wisdom import RunRecord, WisdomDB
+from hearthside.core.engine.config import SpeculativeConfig
 from hearthside.core.engine.service import EngineService
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir, models_dir
@@ -241,6 +245,47 @@ def test_measured_speed_appears_beside_the_prediction(
     assert page.speed_labels["First token"][1].text() == "0.18 s"
     assert "Confidence: measured" in page.confidence_label.text()
     assert "Measured with these settings" in page.speed_note.text()
+
+
+def test_the_speculation_tuning_chose_shows_per_kind_of_prompt(
+    qtbot: QtBot, page: PlanPage, profile: HardwareProfile, default_model_file: Path
+) -> None:
+    """Figures as `hearthside tune` recorded them on this machine (code edit: prompt lookup
+    k=16 decoded 1.87x plain decode with 97% of drafts accepted; chat: no gain)."""
+    view = shown_plan(qtbot, page)
+    assert not [name for name in page.setting_labels if name.startswith("Speculation")]
+    key = tuning_key(profile, default_model_file)
+    config = view.plan.config.to_dict()
+    lookup = SpeculativeConfig(mode="prompt_lookup", draft_tokens=16, ngram_size=2)
+    stats = {"mode": "prompt_lookup", "draft_tokens": 16, "drafted": 480, "accepted": 466,
+             "steps": 40, "draft_steps": 33, "rejections": 3, "acceptance_rate": 0.97,
+             "mean_accepted_length": 14.1}  # fmt: skip
+    with WisdomDB() as wisdom:
+        for speculative, decode, extra in (
+            (SpeculativeConfig(), 41.0, None),
+            (lookup, 76.7, {"speculation": stats, "paired_gain": 1.87}),
+        ):
+            wisdom.record_run(
+                RunRecord(
+                    speculative_key(key, "code_edit"),
+                    {**config, "speculative": asdict(speculative)},
+                    "quick",
+                    "ok",
+                    decode_tps=decode,
+                    predicted=extra,
+                )
+            )
+        decisions = [
+            SpeculationDecision("code_edit", lookup, 1.87, 41.0, 0.97, 14.1, "pays"),
+            SpeculationDecision("chat", SpeculativeConfig(), None, 40.0, None, None, "no gain"),
+        ]
+        save_speculation_defaults(wisdom, key, config, "fastest", decisions)
+    replanned(qtbot, page)
+    value, why = page.setting_labels["Speculation (Code edit)"]
+    assert value.text() == "prompt lookup, k=16, n-gram 2"
+    assert why.text() == "Measured 1.87× faster than plain decoding, 97% of drafts accepted."
+    value, why = page.setting_labels["Speculation (Chat)"]
+    assert value.text() == "off" and "stays off" in why.text()
 
 
 def test_a_missing_model_file_is_explained(
