@@ -90,7 +90,7 @@ def _planned(
         advice = result.advice[0] if result.advice else "Nothing fits in memory."
         return LoadSettings(bare, "engine defaults", advice)
     config = result.config.with_changes(model_path=bare.model_path)
-    why = "Planned for this machine (not measured yet: Optimize measures it)."
+    why = "Planned for this machine, not measured yet (`hearthside tune` or Optimize… measures it)."
     if tuned_did_not_fit:
         why = f"The measured settings do not fit a {bare.n_ctx}-token context; planned instead."
     return LoadSettings(config, "planned", why)

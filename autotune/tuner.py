@@ -308,8 +308,9 @@ def _try(
         return known
     notify(TuneEvent("start", index, total, settings, predicted))
     run = db.record_run(_measure(key, config, rigor, planned))
-    if run.outcome == "ok" and _same(settings, planned.config):
-        _learn(db, key, run, planned)
+    if run.outcome == "ok":
+        if _same(settings, planned.config):  # the prediction is for the planner's own pick
+            _learn(db, key, run, planned)
         notify(
             TuneEvent(
                 "measured", index, total, settings, predicted, run.decode_tps, run.prefill_tps
@@ -509,6 +510,8 @@ class _SpeculationSearch:
         self.notify, self.stop = notify, stop
         values = {**config, "model_path": str(model_path), "speculative": {}}
         self.config = EngineConfig.from_dict(values)
+        self._plain_key = config_key({**self.config.to_dict(), "speculative": {}})
+        self._workloads: tuple[Workload, ...] = ()
         self._engine: Engine | None = None
         self._verify: VerifyCost | None = None
         self._index = 0
@@ -523,6 +526,7 @@ class _SpeculationSearch:
         first_index: int,
     ) -> tuple[SpeculationDecision, ...]:
         self._index = first_index - 1
+        self._workloads = tuple(workloads)
         self._total = self._index + _TRIALS_PER_WORKLOAD * len(workloads)
         options = [self._draft_option(path) for path in drafts]
 
@@ -618,8 +622,7 @@ class _SpeculationSearch:
             return None
         extra = run.predicted or {}
         if self._verify is None and extra.get("verify_cost"):
-            points = extra["verify_cost"]["points"]
-            self._verify = VerifyCost(tuple((int(n), float(t)) for n, t in points))
+            self._verify = _stored_cost(extra["verify_cost"])
         stats = extra.get("speculation")
         return Trial(
             speculative,
@@ -627,6 +630,16 @@ class _SpeculationSearch:
             SpeculationStats(**stats) if stats else None,
             gain=extra.get("paired_gain"),
         )
+
+    def _stored_verify_cost(self) -> VerifyCost | None:
+        """The verify cost an earlier search measured with these settings: measuring it again
+        would give other figures (noise), another best k, and a needless measurement."""
+        for workload in self._workloads:
+            for run in self.db.runs(speculative_key(self.key, workload.id), outcome="ok"):
+                stored = (run.predicted or {}).get("verify_cost")
+                if stored and config_key({**run.config, "speculative": {}}) == self._plain_key:
+                    return _stored_cost(stored)
+        return None
 
     def _loaded(self) -> Engine:
         if self._engine is None:
@@ -636,12 +649,18 @@ class _SpeculationSearch:
 
     def _verify_cost(self) -> VerifyCost:
         if self._verify is None:
+            self._verify = self._stored_verify_cost()
+        if self._verify is None:
             engine = self._loaded()
             engine.set_speculative(SpeculativeConfig())
             timings = measure_verify_cost(engine)
             single = timings[0][1]
             self._verify = VerifyCost(tuple((n, seconds / single) for n, seconds in timings))
         return self._verify
+
+
+def _stored_cost(stored: dict[str, Any]) -> VerifyCost:
+    return VerifyCost(tuple((int(n), float(t)) for n, t in stored["points"]))
 
 
 def _run_workload_prompt(

@@ -87,10 +87,14 @@ def test_ctrl_c_stops_the_reply_but_not_the_chat(default_model_file: Path) -> No
         stderr=subprocess.PIPE,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
-    assert chat.stdin is not None and chat.stdout is not None
-    received = bytearray()
-    reader = threading.Thread(target=_drain, args=(chat.stdout.fileno(), received), daemon=True)
-    reader.start()
+    assert chat.stdin is not None and chat.stdout is not None and chat.stderr is not None
+    received, status = bytearray(), bytearray()
+    readers = [  # both pipes drained, so neither can fill up and stall the chat
+        threading.Thread(target=_drain, args=(pipe.fileno(), into), daemon=True)
+        for pipe, into in ((chat.stdout, received), (chat.stderr, status))
+    ]
+    for reader in readers:
+        reader.start()
     chat.stdin.write(b"Write a very long story about a dragon.\n")
     chat.stdin.flush()
     deadline = time.monotonic() + 60
@@ -104,10 +108,10 @@ def test_ctrl_c_stops_the_reply_but_not_the_chat(default_model_file: Path) -> No
         chat.wait(timeout=60)
     finally:
         chat.kill()
-    reader.join(5)
-    stderr = chat.stderr.read() if chat.stderr else b""
-    assert chat.returncode == 0, stderr
-    assert b"stopped" in stderr
+    for reader in readers:
+        reader.join(5)
+    assert chat.returncode == 0, bytes(status)
+    assert b"stopped" in status
     assert b"Paris" in received  # the chat went on after the interrupted reply
 
 

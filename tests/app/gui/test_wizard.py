@@ -126,16 +126,12 @@ def test_measures_the_default_model_and_applies_the_winner(
     wizard.goal_page.goal_buttons["fastest"].setChecked(True)
     set_budget(wizard, MEASURE_BUDGET_S)
     result = measure_once(qtbot, wizard)
-    if result.best is None:  # a busy machine: measuring the defaults outlasted the budget
-        assert len(result.runs) == 1 and result.baseline is not None
-        wizard.back()  # "give it more time": measuring again reuses the defaults' run
-        result = measure_once(qtbot, wizard)
-        assert result.runs[0].id == result.baseline.id  # taken from the wisdom DB
-    assert result.best is not None
+    assert result.best is not None  # the planner's pick is measured whatever the budget
 
     chart = wizard.measure_page.chart
     measured = [entry for entry in chart.entries if entry.has_result]
-    assert len(measured) == sum(run.outcome == "ok" for run in result.runs)
+    states = [(entry.index, entry.state) for entry in chart.entries]
+    assert len(measured) == sum(run.outcome == "ok" for run in result.runs), states
     assert len(chart.entries) == len(result.runs)  # failures too, each in its place
     assert all(e.measured_tps and e.predicted_tps and e.memory_bytes for e in measured)
     assert measured[0].baseline and sum(entry.chosen for entry in chart.entries) == 1
