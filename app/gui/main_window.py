@@ -573,8 +573,9 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _apply_tuning(self, tuning: AppliedTuning) -> None:
-        """Reload the chat model with the settings the wizard measured and saved."""
-        self._guarded(lambda: self.bridge.load(tuning.config, tuning.model_name, tuning.model_id))
+        """Reload the tuned model: it loads with the settings the wizard measured and saved,
+        at the chat's own context length (the wizard measures at a fixed, shorter one)."""
+        self.load_model(tuning.model_id)
 
     @Slot()
     def _dismiss_banner(self) -> None:

@@ -1,8 +1,7 @@
 """The "Optimize for my hardware" wizard: what was found, goal and model, measuring, result.
 
     wizard = OptimizeWizard(service, hardware_page.profile, window, current_model_id=...)
-    wizard.applied.connect(lambda tuning: bridge.load(tuning.config, tuning.model_name,
-                                                      tuning.model_id))
+    wizard.applied.connect(lambda tuning: window.load_model(tuning.model_id))
     wizard.open()
 
 1. What was found: the probe's summary (a profile given, a callable that returns one, or a
@@ -187,7 +186,8 @@ class MeasureUpdate:
 
 @dataclass(frozen=True)
 class AppliedTuning:
-    """What Apply hands to the window: load `model_id` with `config`."""
+    """What Apply saved: `config` measured best for `model_id`, now its default here (the
+    window reloads `model_id`, which picks the saved settings up)."""
 
     model_id: str
     model_name: str

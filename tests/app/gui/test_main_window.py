@@ -22,10 +22,14 @@ from hearthside.app.gui.app import apply_palette
 from hearthside.app.gui.chat_settings_dialog import ChatSettingsDialog
 from hearthside.app.gui.main_window import MainWindow
 from hearthside.app.gui.markdown import DARK_CODE_THEME, LIGHT_CODE_THEME
+from hearthside.app.gui.wizard import AppliedTuning
+from hearthside.autotune.fingerprint import tuning_key
+from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
 from hearthside.core.engine.engine import GenerationResult
 from hearthside.core.history.store import StoredMessage
 from hearthside.core.models.store import ModelStore
+from hearthside.core.probe.runner import probe_hardware
 from tests.app.gui.window_helpers import (
     TEST_CONTEXT_TOKENS,
     LagMeter,
@@ -490,3 +494,27 @@ def test_speculative_decoding_shows_its_acceptance_under_the_reply_and_in_the_st
 def reload(qtbot: QtBot, window: MainWindow, config: EngineConfig) -> None:
     with qtbot.waitSignal(window.bridge.load_finished, timeout=REPLY_TIMEOUT_MS):
         window.load_config(config)
+
+
+def test_applying_tuned_settings_reloads_with_them_at_the_chats_context(
+    chat: MainWindow, qtbot: QtBot, default_model_file: Path
+) -> None:
+    """What the wizard's Apply does: the saved default wins the next load, at the context the
+    window uses (the tuner measured at 2048 tokens)."""
+    loaded = chat.bridge.loaded_model
+    assert loaded is not None and loaded.config.n_ubatch != 128
+    key = tuning_key(probe_hardware(), default_model_file)
+    measured = loaded.config.with_changes(n_ctx=2048, n_ubatch=128, n_batch=256)
+    with WisdomDB() as wisdom:
+        wisdom.set_default(key, measured.to_dict(), "fastest")
+    tuning = AppliedTuning(str(default_model_file), "Gemma", measured, 1.5)
+    try:
+        with qtbot.waitSignal(chat.bridge.load_finished, timeout=REPLY_TIMEOUT_MS):
+            chat._apply_tuning(tuning)
+        config = chat.bridge.loaded_model.config  # type: ignore[union-attr]
+        assert (config.n_ubatch, config.n_batch, config.n_ctx) == (128, 256, TEST_CONTEXT_TOKENS)
+        assert "measured on this machine" in chat.model_label.toolTip()
+    finally:
+        with WisdomDB() as wisdom:
+            wisdom.set_default(key, loaded.config.to_dict(), "fastest")
+        reload(qtbot, chat, loaded.config)
