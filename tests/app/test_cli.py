@@ -86,6 +86,9 @@ def test_ctrl_c_stops_the_reply_but_not_the_chat(default_model_file: Path) -> No
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        # as from a terminal: a suite started in the background (`&`) ignores SIGINT, and a
+        # child would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert chat.stdin is not None and chat.stdout is not None and chat.stderr is not None
     received, status = bytearray(), bytearray()
@@ -106,8 +109,11 @@ def test_ctrl_c_stops_the_reply_but_not_the_chat(default_model_file: Path) -> No
     chat.stdin.close()
     try:
         chat.wait(timeout=60)
-    finally:
+    except subprocess.TimeoutExpired:
         chat.kill()
+        for reader in readers:
+            reader.join(5)
+        pytest.fail(f"the chat did not end; stderr: {bytes(status)!r}; stdout: {bytes(received)!r}")
     for reader in readers:
         reader.join(5)
     assert chat.returncode == 0, bytes(status)
