@@ -14,7 +14,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from llama_cpp.llama_grammar import LlamaGrammar
 from hearthside.core.engine import native_log
 from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
 from hearthside.core.engine.load_report import parse_load_log
+from hearthside.core.engine.metrics import GenerationMetrics
 from hearthside.core.engine.speculative import (
     CountingDraft,
     SpeculationStats,
@@ -54,24 +55,6 @@ class ChatMessage:
 
     def as_template_input(self) -> dict[str, str]:
         return {"role": self.role, "content": self.content}
-
-
-@dataclass(frozen=True)
-class GenerationMetrics:
-    """What one generation cost. Rates are None when there was nothing to time."""
-
-    prompt_tokens: int
-    prompt_tokens_evaluated: int  # prompt tokens not served from the KV cache
-    completion_tokens: int
-    ttft_s: float | None
-    prompt_tok_s: float | None
-    decode_tok_s: float | None
-    total_s: float
-    stop_reason: str  # "eos" | "stop" | "length" | "context_full" | "cancelled"
-    speculative: SpeculationStats | None = None  # drafted/accepted tokens when speculation is on
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

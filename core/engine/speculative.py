@@ -23,7 +23,6 @@ What this module adds:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,34 +33,11 @@ from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecodi
 
 from hearthside.core.engine import native_log
 from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
+from hearthside.core.engine.metrics import SpeculationStats
 from hearthside.core.engine.tensor_overrides import LlamaWithOverrides
 from hearthside.core.errors import EngineError, EngineLoadError
 
 TokenIds = npt.NDArray[np.intc]
-
-
-@dataclass(frozen=True)
-class SpeculationStats:
-    """What the drafts of one generation did.
-
-    `acceptance_rate` is accepted / drafted (llama.cpp's figure); `mean_accepted_length` is
-    accepted tokens per verify step that had a draft; `rejections` counts the steps that ended
-    on a drafted token the target sampled otherwise (the rest took the whole draft). Drafted
-    tokens past the end of the generation (it stopped first) are not counted.
-    """
-
-    mode: str  # "prompt_lookup" | "draft_model"
-    draft_tokens: int  # the most tokens one step may draft (k)
-    drafted: int
-    accepted: int
-    steps: int  # verify steps (a plain decode step when the draft found nothing)
-    draft_steps: int  # verify steps that had at least one drafted token
-    rejections: int
-    acceptance_rate: float | None
-    mean_accepted_length: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class SpeculationCounter:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from hearthside.core.database import DatabaseKind, classified_errors, open_database, transaction
 from hearthside.core.engine.config import SamplingParams
-from hearthside.core.engine.engine import GenerationMetrics
+from hearthside.core.engine.metrics import GenerationMetrics
 from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import ensure_private_dir
 from hearthside.core.serialize import from_jsonable, to_jsonable
