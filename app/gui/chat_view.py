@@ -27,7 +27,7 @@ from hearthside.app.gui.markdown import (
 from hearthside.core.history.store import StoredMessage
 
 if TYPE_CHECKING:  # the engine module pulls in llama.cpp: not before the window shows
-    from hearthside.core.engine.engine import GenerationMetrics
+    from hearthside.core.engine.metrics import GenerationMetrics, SpeculationStats
 
 EDIT_SCHEME = "edit"
 USER_NAME = "You"
@@ -45,19 +45,15 @@ def describe_metrics(metrics: GenerationMetrics) -> str:
     if metrics.ttft_s is not None:
         parts.append(f"first token {metrics.ttft_s:.2f} s")
     parts.append(f"{metrics.completion_tokens} tokens")
-    drafts = speculation_text(metrics)
-    if drafts:
-        parts.append(drafts)
+    if metrics.speculative is not None and metrics.speculative.drafted:
+        parts.append(drafts_text(metrics.speculative))
     return " · ".join(parts)
 
 
-def speculation_text(metrics: GenerationMetrics) -> str | None:
-    """`drafts 62% accepted (2.4 a step)` when speculative decoding ran, else None."""
-    stats = metrics.speculative
-    if stats is None or stats.acceptance_rate is None:
-        return None
+def drafts_text(stats: SpeculationStats) -> str:
+    """`drafts 62% accepted (2.4 a step)`: what speculative decoding's drafts did."""
     per_step = f" ({stats.mean_accepted_length:.1f} a step)" if stats.mean_accepted_length else ""
-    return f"drafts {stats.acceptance_rate:.0%} accepted{per_step}"
+    return f"drafts {stats.acceptance_rate or 0:.0%} accepted{per_step}"
 
 
 def reply_note(metrics: GenerationMetrics | None, *, complete: bool) -> str | None:

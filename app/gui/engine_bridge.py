@@ -75,6 +75,7 @@ class EngineBridge(QObject):
     load_failed = Signal(object)  # Exception
     reply_started = Signal()
     text_flushed = Signal(str)  # the text that arrived since the last flush
+    speculation_live = Signal(object)  # SpeculationStats of the running reply, when they change
     reply_finished = Signal(object)  # GenerationResult (stop_reason "cancelled" when stopped)
     reply_failed = Signal(object)  # Exception
     _job_done = Signal(object)  # the finished Job, sent from the engine thread
@@ -203,6 +204,12 @@ class EngineBridge(QObject):
         text = self._buffer.take()
         if text:
             self.text_flushed.emit(text)
+            self._report_speculation()
+
+    def _report_speculation(self) -> None:
+        stats = self._service.live_speculation() if self._service is not None else None
+        if stats is not None and stats.drafted:
+            self.speculation_live.emit(stats)
 
     @Slot(object)
     def _on_job_done(self, done: tuple[Job[Any], tuple[Job[Any], ...]]) -> None:

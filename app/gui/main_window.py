@@ -41,7 +41,7 @@ from hearthside.app.gui.api_switch import ApiSwitch
 from hearthside.app.gui.chat_pane import ChatPane
 from hearthside.app.gui.chat_session import ChatSession, ContextUse
 from hearthside.app.gui.chat_settings_dialog import ChatSettingsDialog
-from hearthside.app.gui.chat_view import speculation_text
+from hearthside.app.gui.chat_view import drafts_text
 from hearthside.app.gui.conversation_list import ConversationList
 from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
 from hearthside.app.gui.hardware_page import HardwarePage
@@ -65,7 +65,7 @@ from hearthside.core.paths import data_dir
 if TYPE_CHECKING:
     from hearthside.app.gui.wizard import AppliedTuning, OptimizeWizard
     from hearthside.core.engine.config import EngineConfig
-    from hearthside.core.engine.engine import GenerationMetrics
+    from hearthside.core.engine.metrics import GenerationMetrics, SpeculationStats
     from hearthside.core.engine.remote import RemoteConfig
     from hearthside.core.engine.service import EngineService
     from hearthside.core.probe.profile import HardwareProfile
@@ -288,6 +288,7 @@ class MainWindow(QMainWindow):
         session.conversations_changed.connect(self.refresh_conversations)
         session.conversation_opened.connect(self._remember_conversation)
         session.reply_metrics.connect(self._show_metrics)
+        self.bridge.speculation_live.connect(self._show_live_speculation)
         session.context_changed.connect(self._show_context)
         session.error.connect(self.show_error)
         self.chat_pane.settings_requested.connect(self.edit_chat_settings)
@@ -513,10 +514,13 @@ class MainWindow(QMainWindow):
             parts.append(f"{metrics.decode_tok_s:.1f} tok/s")
         if metrics.ttft_s is not None:
             parts.append(f"TTFT {metrics.ttft_s:.2f} s")
-        drafts = speculation_text(metrics)
-        if drafts:
-            parts.append(drafts)
+        if metrics.speculative is not None and metrics.speculative.drafted:
+            parts.append(drafts_text(metrics.speculative))
         self.speed_label.setText(" · ".join(parts))
+
+    @Slot(object)
+    def _show_live_speculation(self, stats: SpeculationStats) -> None:
+        self.speed_label.setText(drafts_text(stats))
 
     @Slot(object)
     def _show_context(self, use: ContextUse) -> None:

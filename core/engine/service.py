@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, TextCallback
+from hearthside.core.engine.metrics import SpeculationStats
 from hearthside.core.engine.remote import RemoteConfig, RemoteEngine
 from hearthside.core.errors import EngineError, JobCancelledError, QueueFullError
 
@@ -104,6 +105,12 @@ class EngineService:
     @property
     def is_remote(self) -> bool:
         return isinstance(self._engine, RemoteEngine)
+
+    def live_speculation(self) -> SpeculationStats | None:
+        """Drafted and accepted tokens so far in the running reply, read from any thread
+        without waiting for the engine (None: no speculation, or a remote engine)."""
+        engine = self._engine
+        return engine.live_speculation() if isinstance(engine, Engine) else None
 
     @property
     def busy(self) -> bool:

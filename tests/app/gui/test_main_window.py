@@ -482,8 +482,11 @@ def test_speculative_decoding_shows_its_acceptance_under_the_reply_and_in_the_st
         chat.new_chat()
         use_settings(chat, max_tokens=48)
         code = "def area(width, height):\n    return width * height\n"
+        live: list[str] = []  # the status line while the reply is being written
+        chat.bridge.speculation_live.connect(lambda _s: live.append(chat.speed_label.text()))
         with replied(qtbot, chat):
             send_with_ctrl_enter(qtbot, chat, f"Repeat this code exactly:\n{code}")
+        assert live and all("accepted" in text for text in live)
         assert "accepted" in chat.speed_label.text()
         assert "drafts" in chat.chat_pane.view.toPlainText()  # the note under the reply
     finally:
