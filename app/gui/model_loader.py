@@ -2,9 +2,10 @@
 
 `prepare_model` blocks (it may assemble 253 MB, validate a file, run the child load check),
 so the window runs it on a worker thread and reports its progress; the load itself is then an
-EngineService job. Resolution is the terminal chat's own (`engine_config_for`), so the window
-and `hearthside chat` always pick the same file with the same settings — and, like it, use the
-process's data dir (`data_dir()`, HEARTHSIDE_HOME).
+EngineService job. Resolution is the terminal chat's own (`load_settings_for`: the settings
+tuned here, else planned here), so the window and `hearthside chat` always pick the same file
+with the same settings — and, like it, use the process's data dir (`data_dir()`,
+HEARTHSIDE_HOME).
 
 The terminal chat's module, the model store and the engine settings are imported where a
 model is prepared, not at the top: the window imports this module before it is shown, and
