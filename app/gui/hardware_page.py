@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
     QHBoxLayout,
-    QLabel,
     QMessageBox,
     QPlainTextEdit,
     QProgressBar,
@@ -31,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hearthside.app.gui.labels import make_label as _label
 from hearthside.app.gui.workers import run_in_background
 from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import data_dir, models_dir
@@ -256,15 +256,6 @@ def measurement_row(measurement: Measurement) -> Row:
 
 
 # ---- small widgets ---------------------------------------------------------------------------
-
-
-def _label(text: str, name: str | None = None, *, wrap: bool = True) -> QLabel:
-    label = QLabel(text)
-    label.setWordWrap(wrap)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    if name:
-        label.setObjectName(name)
-    return label
 
 
 def _card(title: str, rows: Sequence[Row] = ()) -> tuple[QFrame, QVBoxLayout]:

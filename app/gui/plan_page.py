@@ -47,6 +47,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hearthside.app.gui.labels import make_label
 from hearthside.app.gui.memory_bar import DeviceMemoryView
 from hearthside.app.gui.plan_content import (
     GOAL_NAMES,
@@ -75,7 +76,7 @@ from hearthside.app.gui.plan_content import (
     speed_rows,
     verdict,
 )
-from hearthside.app.gui.recipe_view import RecipeView, clear_layout, make_card, make_label
+from hearthside.app.gui.recipe_view import RecipeView, clear_layout, make_card
 from hearthside.app.gui.workers import BackgroundTask, run_in_background
 from hearthside.autotune.planner import (
     DEFAULT_FREE_MARGIN_BYTES,

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hearthside.app.gui.labels import make_label
 from hearthside.app.gui.memory_bar import DeviceMemoryView, ServingGpuView
 from hearthside.app.gui.plan_content import (
     ENGINE_NAMES,
@@ -45,15 +46,6 @@ TOO_MANY_FOR_A_COLUMN = 2
 
 
 # ---- small widgets shared with the plan page ------------------------------------------------
-
-
-def make_label(text: str = "", name: str | None = None, *, wrap: bool = True) -> QLabel:
-    label = QLabel(text)
-    label.setWordWrap(wrap)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    if name:
-        label.setObjectName(name)
-    return label
 
 
 def make_card(title: str) -> tuple[QFrame, QVBoxLayout]:

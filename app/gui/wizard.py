@@ -74,6 +74,7 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
+from hearthside.app.gui.labels import make_label as _label
 from hearthside.app.gui.tune_chart import TuneChart, candidate_label
 from hearthside.app.gui.workers import MainThreadRelay, run_in_background
 from hearthside.autotune.calibration import calibration_for, describe_figures, store_calibration
@@ -463,27 +464,13 @@ def candidate_update(event: TuneEvent, db: WisdomDB, key: TuningKey) -> MeasureU
 
 
 class TuneRunner(QObject):
-    """Starts one measurement at a time; reports on the GUI thread."""
+    """What both runners report on the GUI thread. Each (`ServiceTuneRunner`, the real one,
+    and `RecordedTuneRunner`, a replay) starts one measurement at a time with `start(request)`,
+    stops it with `cancel()`, and says whether one is `running` and has `started`."""
 
     update = Signal(object)  # MeasureUpdate
     finished = Signal(object)  # TuneResult, or None when nothing was tuned (stopped early)
     failed = Signal(object)  # BaseException
-
-    def start(self, request: MeasureRequest) -> None:
-        raise NotImplementedError
-
-    def cancel(self) -> None:
-        raise NotImplementedError
-
-    @property
-    def running(self) -> bool:
-        """A measurement was started and has not ended yet."""
-        raise NotImplementedError
-
-    @property
-    def started(self) -> bool:
-        """The running measurement has begun (it is not waiting in the engine's queue)."""
-        return self.running
 
 
 class ServiceTuneRunner(TuneRunner):
@@ -616,6 +603,10 @@ class RecordedTuneRunner(TuneRunner):
     def running(self) -> bool:
         return self._timer.isActive() or bool(self._pending)
 
+    @property
+    def started(self) -> bool:
+        return self.running  # a replay never waits in a queue
+
     def start(self, request: MeasureRequest) -> None:
         self._pending = list(self.recording.updates)
         self._done = False
@@ -648,16 +639,10 @@ class RecordedTuneRunner(TuneRunner):
             self.finished.emit(self.recording.result)
 
 
+Runner = ServiceTuneRunner | RecordedTuneRunner
+
+
 # ---- small widgets ---------------------------------------------------------------------------
-
-
-def _label(text: str = "", name: str | None = None, *, wrap: bool = True) -> QLabel:
-    label = QLabel(text)
-    label.setWordWrap(wrap)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    if name:
-        label.setObjectName(name)
-    return label
 
 
 def _gib(value: int | None) -> str:
@@ -1274,7 +1259,7 @@ class OptimizeWizard(QWizard):
         parent: QWidget | None = None,
         *,
         current_model_id: str | None = None,
-        runner: TuneRunner | None = None,
+        runner: Runner | None = None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Optimize for my hardware")

@@ -23,6 +23,7 @@ What this module adds:
 
 from __future__ import annotations
 
+import abc
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,9 @@ class CountingDraft(LlamaDraftModel):
         self.counter.record(len(input_ids), draft.copy())
         return draft
 
+    @abc.abstractmethod
     def propose(self, input_ids: TokenIds) -> TokenIds:
-        raise NotImplementedError
+        """Up to `draft_tokens` guesses for the tokens after `input_ids`."""
 
     def begin_generation(self) -> None:
         self.counter.reset()

@@ -1,0 +1,16 @@
+"""The selectable, wrapping label every page builds its text from."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel
+
+
+def make_label(text: str = "", name: str | None = None, *, wrap: bool = True) -> QLabel:
+    """A label people can select and copy from; `name` is its style-sheet object name."""
+    label = QLabel(text)
+    label.setWordWrap(wrap)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    if name:
+        label.setObjectName(name)
+    return label
