@@ -1,14 +1,15 @@
-"""Decode speed through the local API (streaming, the `openai` client) against the engine
-directly, side by side in one run.
+"""Decode speed through the local API (streaming) against the engine directly, side by side
+in one run.
 
 Both sides use the same loaded model in the same EngineService with the same prompt and
 greedy settings. Direct: a chat job whose pieces are time-stamped on arrival. API: the same
-chat sent to Hearthside's server on loopback by a client in its own process (as an editor or
-agent is), pieces time-stamped as that client receives them: HTTP, SSE framing, JSON and the
-event-loop hop are all inside the measurement. The rate is 1 / the median gap between
+chat sent to Hearthside's server on loopback by a streaming httpx client in its own process
+(as an editor or agent is; `_sse_client.py` parses every SSE event's JSON, as the `openai`
+package does), pieces time-stamped as that client receives them: HTTP, SSE framing, JSON and
+the event-loop hop are all inside the measurement. The rate is 1 / the median gap between
 pieces; the result is the median ratio of back-to-back pairs.
 
-    .venv/bin/python benchmarks/api_overhead.py [--repetitions 9] [--json]
+    .venv/bin/python benchmarks/api_overhead.py [--repetitions 15] [--json]
 
 Target: API >= 0.95x direct. On a machine whose every core decodes (2 cores here), the
 server and its client must take CPU time from the decode threads for each token; `--threads`
@@ -96,7 +97,7 @@ def measure(model: Path, repetitions: int, threads: int | None) -> tuple[list[fl
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repetitions", type=int, default=9)
+    parser.add_argument("--repetitions", type=int, default=15)
     parser.add_argument("--model", type=Path, help="GGUF to use (default: the default model)")
     parser.add_argument("--threads", type=int, help="decode threads (default: all physical cores)")
     parser.add_argument("--json", action="store_true")
