@@ -12,14 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from hearthside.autotune.cpu_costs import KernelCosts
 from hearthside.autotune.fingerprint import machine_fingerprint, machine_identity
+from hearthside.autotune.memory import repacked_types
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.kernels.engine_run import (
     OVERHEAD_PROBE,
+    PREFILL_ROWS,
     PREFILL_WEIGHTS,
     READ_BYTES,
+    READ_ROWS,
+    WORK_KEYS,
     per_token_work,
     work_by_type,
 )
@@ -27,13 +34,8 @@ from hearthside.kernels.results import CalibrationReport
 
 GB = 1e9
 F32_BYTES = 4
-# A residual that would need the kernels to beat the measured bandwidth or GEMM by this much
-# is noise in the measurements, not a property of a weight type.
-MAX_PLAUSIBLE_EFFICIENCY = 1.0
-# No quant type's kernels are several times slower per byte than the shipped model's mix
-# (K-quants measured ~0.8x of Q8_0 here); a probe that slow was starved of CPU by other
-# programs (llama.cpp's spinning threads collapse when a core is taken), so it is dropped and
-# its type falls back to the nearest measured one.
+# A probe whose bytes (or weights) went this much slower than the shipped model's was starved
+# of CPU (see `_plausible`); K-quants measured ~0.8x of Q8_0 here.
 MIN_RELATIVE_EFFICIENCY = 1 / 3
 
 
@@ -73,32 +75,38 @@ def planner_figures(report: CalibrationReport) -> dict[str, float]:
 
 def engine_efficiency(report: CalibrationReport, figures: dict[str, float]) -> dict[str, float]:
     """How llama.cpp's CPU speed relates to the raw bandwidth and compute, fitted from the
-    calibration's engine runs (see `kernels/engine_run.py`):
+    calibration's engine runs (see `kernels/engine_run.py` and `autotune/cpu_costs.py`):
 
-    - decode_overhead_s_per_layer: the tiny probe's time per token and layer, less what its
-      logits cost to write and copy (it reads almost no weights);
-    - decode_efficiency:<type> / prefill_efficiency:<type>: the share of the RAM bandwidth
-      (decode) or of the best fp32 GEMM (prefill) the kernels for that weight type reach,
-      from the one-type probes; the shipped model's own types that no probe covered share the
-      factor that explains the rest of its measured time;
-    - decode_efficiency / prefill_efficiency: the shipped model's whole run, the fallback for
-      types no run covered.
+    - decode_efficiency / prefill_efficiency: the shipped model's whole run against the RAM
+      bandwidth (decode) or the best fp32 GEMM (prefill), the fallback for GPUs and for a
+      calibration without probes;
+    - <kind>_efficiency:<type> and <kind>_row_s:<type>: per probed weight type, the share of
+      bandwidth or compute its kernels reach per byte or weight, and the seconds each matrix
+      row costs on top, fitted over the probes (narrow and wide matrices) by least squares;
+    - <kind>_overhead_s_per_layer: the fixed cost per layer and token, mostly from the tiny
+      probe; and <kind>_overhead_s_per_layer:<architecture>: the shipped model's own, from
+      what its run leaves after its weights' costs (gemma3's extra norms cost ~4x llama's).
     """
     runs = _engine_runs(report)
     bandwidth, flops = figures.get("cpu_read_bytes_per_s"), figures.get("cpu_flops")
+    repacked = repacked_types(
+        report.machine.get("cpu_flags") or (), report.machine.get("cpu_arch") or ""
+    )
     fitted: dict[str, float] = {}
     if bandwidth:
-        fitted.update(_fit_decode(runs, bandwidth))
+        kind = _Kind("decode", READ_BYTES, READ_ROWS, 1 / bandwidth, _decode_seconds(bandwidth))
+        fitted.update(_fit(runs, kind, repacked))
     if flops:
-        fitted.update(_fit_prefill(runs, flops))
+        kind = _Kind("prefill", PREFILL_WEIGHTS, PREFILL_ROWS, 2 / flops, _prefill_seconds)
+        fitted.update(_fit(runs, kind, repacked))
     return fitted
 
 
 @dataclass(frozen=True)
 class _EngineRun:
     probe: str | None  # None for the shipped model
-    work: dict[str, Any]  # n_layers, n_vocab, and {type: amount} for READ_BYTES and
-    # PREFILL_WEIGHTS (kernels.engine_run.per_token_work)
+    work: dict[str, Any]  # n_layers, n_vocab, architecture, and {type: amount} for each of
+    # kernels.engine_run.WORK_KEYS (per_token_work)
     decode_tps: float | None
     prefill_tps: float | None
 
@@ -119,12 +127,12 @@ def _engine_runs(report: CalibrationReport) -> list[_EngineRun]:
             params = {**params, **_work_from_file(params.get("model_path"))}
         if "n_layers" not in params:
             continue
-        work = {
+        work: dict[str, Any] = {
             "n_layers": params["n_layers"],
             "n_vocab": params.get("n_vocab", 0),
-            READ_BYTES: work_by_type(params, READ_BYTES),
-            PREFILL_WEIGHTS: work_by_type(params, PREFILL_WEIGHTS),
+            "architecture": params.get("architecture", ""),
         }
+        work |= {key: work_by_type(params, key) for key in WORK_KEYS}
         runs.append(
             _EngineRun(
                 params.get("probe"), work, entry.get("engine_decode"), entry.get("engine_prefill")
@@ -133,10 +141,10 @@ def _engine_runs(report: CalibrationReport) -> list[_EngineRun]:
     return runs
 
 
-def _work_from_file(model_path: object) -> dict[str, int]:
+def _work_from_file(model_path: object) -> dict[str, Any]:
     """What a token of the model costs, read from its file if it is still there."""
     path = Path(str(model_path or ""))
-    return per_token_work(validate_gguf(path)) if path.is_file() else {}
+    return dict(per_token_work(validate_gguf(path))) if path.is_file() else {}
 
 
 def logits_seconds(n_vocab: int, bandwidth: float) -> float:
@@ -144,76 +152,114 @@ def logits_seconds(n_vocab: int, bandwidth: float) -> float:
     return 2 * n_vocab * F32_BYTES / bandwidth
 
 
-def _fit_decode(runs: list[_EngineRun], bandwidth: float) -> dict[str, float]:
+@dataclass(frozen=True)
+class _Kind:
+    """Decode or prefill: which work it counts, its ideal seconds per unit (a byte at the RAM
+    bandwidth, a weight's two FLOPs at the best GEMM) and a run's seconds per token."""
+
+    name: str
+    units: str
+    rows: str
+    ideal_per_unit: float
+    seconds: Callable[[_EngineRun], float | None]
+
+
+def _decode_seconds(bandwidth: float) -> Callable[[_EngineRun], float | None]:
+    def seconds(run: _EngineRun) -> float | None:
+        if not run.decode_tps:
+            return None
+        return 1 / run.decode_tps - logits_seconds(run.work["n_vocab"], bandwidth)
+
+    return seconds
+
+
+def _prefill_seconds(run: _EngineRun) -> float | None:
+    return 1 / run.prefill_tps if run.prefill_tps else None
+
+
+def _fit(runs: list[_EngineRun], kind: _Kind, repacked: frozenset[str]) -> dict[str, float]:
+    shipped = next((r for r in runs if r.probe is None and kind.seconds(r)), None)
     fitted: dict[str, float] = {}
-    overhead = next((r for r in runs if r.probe == OVERHEAD_PROBE and r.decode_tps), None)
-    per_layer = 0.0
-    if overhead is not None and overhead.decode_tps:
-        work = overhead.work
-        spare = 1 / overhead.decode_tps - logits_seconds(work["n_vocab"], bandwidth)
-        per_layer = max(0.0, spare / max(1, work["n_layers"]))
-        fitted["decode_overhead_s_per_layer"] = per_layer
-
-    def weight_seconds(run: _EngineRun) -> float:
-        assert run.decode_tps
-        fixed = per_layer * run.work["n_layers"] + logits_seconds(run.work["n_vocab"], bandwidth)
-        return max(1 / run.decode_tps - fixed, 0.1 / run.decode_tps)
-
-    return fitted | _fit_by_type(
-        runs, "decode", READ_BYTES, weight_seconds, lambda amount: amount / bandwidth
-    )
-
-
-def _fit_prefill(runs: list[_EngineRun], flops: float) -> dict[str, float]:
-    def seconds(run: _EngineRun) -> float:
-        assert run.prefill_tps
-        return 1 / run.prefill_tps
-
-    return _fit_by_type(
-        runs, "prefill", PREFILL_WEIGHTS, seconds, lambda weights: 2 * weights / flops
-    )
-
-
-def _fit_by_type(
-    runs: list[_EngineRun],
-    kind: str,
-    work_key: str,
-    seconds_of: Callable[[_EngineRun], float],
-    ideal_seconds: Callable[[float], float],
-) -> dict[str, float]:
-    """efficiency = ideal seconds / measured seconds, per weight type: first from the runs of
-    one type, then one shared factor for the types the shipped model alone has."""
-    speed = f"{kind}_tps"
-    usable = [
-        r for r in runs if r.probe != OVERHEAD_PROBE and getattr(r, speed) and r.work[work_key]
-    ]
-    shipped = next((r for r in usable if r.probe is None), None)
     overall = None
     if shipped is not None:
-        overall = ideal_seconds(sum(shipped.work[work_key].values())) / seconds_of(shipped)
-    fitted: dict[str, float] = {}
-    for run in usable:
-        amounts = run.work[work_key]
-        if len(amounts) == 1:
-            ((type_name, amount),) = amounts.items()
-            efficiency = ideal_seconds(amount) / seconds_of(run)
-            if overall is None or efficiency >= overall * MIN_RELATIVE_EFFICIENCY:
-                fitted[f"{kind}_efficiency:{type_name}"] = efficiency
-    if shipped is None or overall is None:
+        overall = _ideal(shipped, kind) / _seconds(shipped, kind)
+        fitted[f"{kind.name}_efficiency"] = overall
+    probes = [r for r in runs if r.probe is not None and kind.seconds(r)]
+    probes = [r for r in probes if _plausible(r, kind, overall)]
+    costs, per_layer = _least_squares(probes, kind, repacked)
+    if not costs.per_unit:
+        if shipped is not None:  # no probes: the shipped model's figure for all its types
+            for type_name in shipped.work[kind.units]:
+                fitted[f"{kind.name}_efficiency:{type_name}"] = overall or 0.0
         return fitted
-    amounts = shipped.work[work_key]
-    total = seconds_of(shipped)
-    fitted[f"{kind}_efficiency"] = overall
-    known = {t: fitted.get(f"{kind}_efficiency:{t}") for t in amounts}
-    left = total - sum(ideal_seconds(amounts[t]) / e for t, e in known.items() if e)
-    unknown = [t for t, e in known.items() if not e]
-    if not unknown or left <= 0:
-        return fitted
-    share = ideal_seconds(sum(amounts[t] for t in unknown)) / left
-    if share <= MAX_PLAUSIBLE_EFFICIENCY:  # faster than the hardware: noise, not a cost
-        for type_name in unknown:
-            fitted[f"{kind}_efficiency:{type_name}"] = share
+    fitted[f"{kind.name}_overhead_s_per_layer"] = per_layer
+    for type_name, per_unit in costs.per_unit.items():
+        fitted[f"{kind.name}_efficiency:{type_name}"] = kind.ideal_per_unit / per_unit
+        fitted[f"{kind.name}_row_s:{type_name}"] = costs.per_row.get(type_name, 0.0)
+    if shipped is not None and shipped.work["architecture"]:
+        weights = costs.seconds(shipped.work[kind.units], shipped.work[kind.rows])
+        left = _seconds(shipped, kind) - weights
+        key = f"{kind.name}_overhead_s_per_layer:{shipped.work['architecture']}"
+        fitted[key] = max(0.0, left / max(1, shipped.work["n_layers"]))
     return fitted
+
+
+def _seconds(run: _EngineRun, kind: _Kind) -> float:
+    seconds = kind.seconds(run)
+    assert seconds is not None
+    return seconds
+
+
+def _ideal(run: _EngineRun, kind: _Kind) -> float:
+    return sum(run.work[kind.units].values()) * kind.ideal_per_unit
+
+
+def _plausible(run: _EngineRun, kind: _Kind, overall: float | None) -> bool:
+    """No quant type's kernels are several times slower per byte than the shipped model's
+    mix; a probe that slow was starved of CPU by other programs (llama.cpp's spinning
+    threads collapse when a core is taken), so it is left out and its type falls back to the
+    nearest measured one."""
+    if run.probe == OVERHEAD_PROBE or overall is None:
+        return True
+    return _ideal(run, kind) / _seconds(run, kind) >= overall * MIN_RELATIVE_EFFICIENCY
+
+
+def _least_squares(
+    probes: list[_EngineRun], kind: _Kind, repacked: frozenset[str]
+) -> tuple[KernelCosts, float]:
+    """Per-type seconds per unit and per row, and one per-layer cost, that best explain the
+    probes' times. A cost the data make negative (noise, or a type measured at one width
+    only) is dropped and the rest refitted; a type left without a per-unit cost is dropped."""
+    types = sorted({t for run in probes for t in run.work[kind.units]})
+    columns = ["layer"] + [f"{what}:{t}" for t in types for what in ("unit", "row")]
+    while True:
+        kept = {c.split(":", 1)[1] for c in columns if c.startswith("unit:")}
+        columns = [c for c in columns if c == "layer" or c.split(":", 1)[1] in kept]
+        fitted = [run for run in probes if set(run.work[kind.units]) <= kept]
+        if not fitted:
+            return KernelCosts({}, {}, repacked), 0.0
+        # a row cost needs rows of two lengths: one run of a type cannot tell it from bytes
+        once = {t for t in kept if sum(t in run.work[kind.units] for run in fitted) < 2}
+        columns = [c for c in columns if c.removeprefix("row:") not in once]
+        # relative errors matter, so each probe's equation is scaled by its own time
+        scale = np.array([1 / _seconds(run, kind) for run in fitted])
+        matrix = np.array([[_column(run, kind, c) for c in columns] for run in fitted])
+        solution, *_ = np.linalg.lstsq(matrix * scale[:, None], np.ones(len(fitted)), rcond=None)
+        coefficients = dict(zip(columns, (float(x) for x in solution), strict=True))
+        negative = {c for c, value in coefficients.items() if value < 0}
+        if not negative:
+            break
+        columns = [c for c in columns if c not in negative]
+    per_unit = {c.split(":", 1)[1]: v for c, v in coefficients.items() if c.startswith("unit:")}
+    per_row = {c.split(":", 1)[1]: v for c, v in coefficients.items() if c.startswith("row:")}
+    return KernelCosts(per_unit, per_row, repacked), coefficients.get("layer", 0.0)
+
+
+def _column(run: _EngineRun, kind: _Kind, column: str) -> float:
+    if column == "layer":
+        return float(run.work["n_layers"])
+    what, type_name = column.split(":", 1)
+    return float(run.work[kind.units if what == "unit" else kind.rows].get(type_name, 0))
 
 
 def describe_figures(figures: dict[str, Any]) -> str:

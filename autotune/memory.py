@@ -49,6 +49,7 @@ class WeightPiece:
     type_names: tuple[str, ...]
     matmul: bool  # used as a matmul weight, so the CPU may repack it
     offset: int | None = None  # in the file, when known
+    rows: int = 0  # matrix rows (dot products per token); a spec's groups: estimated
 
 
 @dataclass
@@ -170,6 +171,7 @@ def pieces_from_gguf(info: GGUFInfo) -> list[WeightPiece]:
             type_names=(tensor.type_name,),
             matmul=_is_matmul_weight(tensor.name, len(tensor.shape)),
             offset=tensor.offset,
+            rows=tensor.n_elements // max(1, tensor.shape[0]),
         )
         for tensor in info.tensors
     ]
@@ -178,31 +180,39 @@ def pieces_from_gguf(info: GGUFInfo) -> list[WeightPiece]:
 def pieces_from_spec(spec: ModelSpec) -> list[WeightPiece]:
     """One piece per tensor group, named like a tensor of that group (for override patterns)."""
     n_layers = _layer_count(spec)
+    width = spec.n_embd or 0
     pieces = [
-        _group_piece("token_embd.weight", None, spec.embeddings, matmul=False),
-        _group_piece("output.weight", n_layers, spec.output, matmul=True),
-        _group_piece("output_norm.weight", n_layers, spec.output_norm, matmul=False),
-        _group_piece("rope_freqs.weight", None, spec.other_tensors, matmul=False),
+        _group_piece("token_embd.weight", None, spec.embeddings, width, matmul=False),
+        _group_piece("output.weight", n_layers, spec.output, width, matmul=True),
+        _group_piece("output_norm.weight", n_layers, spec.output_norm, width, matmul=False),
+        _group_piece("rope_freqs.weight", None, spec.other_tensors, width, matmul=False),
     ]
     for layer in spec.layers:
-        pieces.extend(_layer_pieces(layer))
+        pieces.extend(_layer_pieces(layer, width))
     return [piece for piece in pieces if piece.bytes]
 
 
-def _layer_pieces(layer: LayerSpec) -> list[WeightPiece]:
+def _layer_pieces(layer: LayerSpec, width: int) -> list[WeightPiece]:
     blk = f"blk.{layer.index}"
     return [
-        _group_piece(f"{blk}.attn_q.weight", layer.index, layer.attention, matmul=True),
-        _group_piece(f"{blk}.ffn_up.weight", layer.index, layer.ffn, matmul=True),
-        _group_piece(f"{blk}.ffn_up_exps.weight", layer.index, layer.experts, matmul=True),
-        _group_piece(f"{blk}.ffn_up_shexp.weight", layer.index, layer.shared_experts, matmul=True),
-        _group_piece(f"{blk}.attn_norm.weight", layer.index, layer.norms, matmul=False),
-        _group_piece(f"{blk}.ffn_gate_inp.weight", layer.index, layer.other, matmul=False),
+        _group_piece(f"{blk}.attn_q.weight", layer.index, layer.attention, width, matmul=True),
+        _group_piece(f"{blk}.ffn_up.weight", layer.index, layer.ffn, width, matmul=True),
+        _group_piece(f"{blk}.ffn_up_exps.weight", layer.index, layer.experts, width, matmul=True),
+        _group_piece(
+            f"{blk}.ffn_up_shexp.weight", layer.index, layer.shared_experts, width, matmul=True
+        ),
+        _group_piece(f"{blk}.attn_norm.weight", layer.index, layer.norms, width, matmul=False),
+        _group_piece(f"{blk}.ffn_gate_inp.weight", layer.index, layer.other, width, matmul=False),
     ]
 
 
-def _group_piece(name: str, layer: int | None, group: TensorGroup, *, matmul: bool) -> WeightPiece:
-    return WeightPiece(name, layer, group.bytes, group.quant_types, matmul)
+def _group_piece(
+    name: str, layer: int | None, group: TensorGroup, width: int, *, matmul: bool
+) -> WeightPiece:
+    # most matrices take the embedding width in (the FFN's down projection does not: its
+    # group's rows come out about a third too many, a small share of a token's time)
+    rows = group.params // width if width else 0
+    return WeightPiece(name, layer, group.bytes, group.quant_types, matmul, rows=rows)
 
 
 def _place_weights(

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from hearthside.autotune.cpu_costs import KernelCosts, bits_per_weight, layer_seconds
 from hearthside.autotune.memory import (
     CPU,
     LayerPlacement,
@@ -34,7 +35,7 @@ from hearthside.autotune.wisdom import Recipe
 from hearthside.core.engine.config import EngineConfig, TensorOverride
 from hearthside.core.models.spec import ModelSpec, TensorGroup
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
-from hearthside.kernels.engine_run import type_bits
+from hearthside.kernels.engine_run import last_block_ffn
 
 PLAN_SCHEMA = 1
 Goal = Literal["fastest", "quality", "longest-context", "balanced"]
@@ -154,10 +155,34 @@ class Machine:
     calibrated: bool = False
     decode_efficiency: float = DECODE_EFFICIENCY
     prefill_efficiency: float = PREFILL_EFFICIENCY
-    # CPU costs the calibration fitted (autotune/calibration.py): per layer and token, and the
-    # share of bandwidth or compute each weight type's kernels reach ("decode:Q4_0": 0.62)
-    decode_overhead_s_per_layer: float = 0.0
-    type_efficiency: dict[str, float] = field(default_factory=dict)
+    # the CPU costs the calibration fitted (autotune/calibration.py, autotune/cpu_costs.py)
+    kernel_figures: dict[str, float] = field(default_factory=dict)
+
+    def cpu_costs(self, kind: str) -> KernelCosts:
+        """Seconds per unit (byte read, weight multiplied) and per row, by calibrated weight
+        type, for "decode" or "prefill" on the CPU."""
+        ideal = 1 / self.cpu_bandwidth if kind == "decode" else 2 / self.cpu_flops
+        per_unit, per_row = {}, {}
+        for key, value in self.kernel_figures.items():
+            if key.startswith(f"{kind}_efficiency:") and value > 0:
+                per_unit[key.split(":", 1)[1]] = ideal / value
+            elif key.startswith(f"{kind}_row_s:"):
+                per_row[key.split(":", 1)[1]] = value
+        return KernelCosts(per_unit, per_row, self.repacked)
+
+    def cpu_seconds(
+        self, kind: str, units: dict[str, float], rows: dict[str, float], layers: int, arch: str
+    ) -> float:
+        """A token's CPU time for `kind`: its weights at their types' costs (the machine's
+        overall efficiency when no type was calibrated) and the fixed cost of its layers."""
+        costs = self.cpu_costs(kind)
+        if costs.per_unit:
+            weights = costs.seconds(units, rows)
+        else:
+            ideal = 1 / self.cpu_bandwidth if kind == "decode" else 2 / self.cpu_flops
+            overall = self.decode_efficiency if kind == "decode" else self.prefill_efficiency
+            weights = sum(units.values()) * ideal / overall
+        return weights + layers * layer_seconds(self.kernel_figures, kind, arch)
 
 
 def plan(
@@ -239,12 +264,7 @@ def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) ->
         calibrated=bool(calibration),
         decode_efficiency=calibration.get("decode_efficiency", DECODE_EFFICIENCY),
         prefill_efficiency=calibration.get("prefill_efficiency", PREFILL_EFFICIENCY),
-        decode_overhead_s_per_layer=calibration.get("decode_overhead_s_per_layer", 0.0),
-        type_efficiency={
-            key.replace("_efficiency:", ":"): value
-            for key, value in calibration.items()
-            if "_efficiency:" in key and value > 0
-        },
+        kernel_figures=dict(calibration),
     )
 
 
@@ -384,12 +404,14 @@ def _budgets(estimate: MemoryEstimate, machine: Machine, margin: int) -> tuple[D
 
 @dataclass(frozen=True)
 class TokenWork:
-    """Per device and weight type: bytes a decoded token reads, weights a prompt token
-    multiplies; and the blocks each device runs."""
+    """Per device and weight type: bytes a decoded token reads and the matrix rows they form,
+    weights and rows a prompt token multiplies; and the blocks each device runs."""
 
     read_bytes: dict[str, dict[str, float]]
     prefill_weights: dict[str, dict[str, float]]
     layers: dict[str, int]
+    read_rows: dict[str, dict[str, float]] = field(default_factory=dict)
+    prefill_rows: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def token_work(
@@ -397,13 +419,16 @@ def token_work(
 ) -> TokenWork:
     """Decode reads every weight matrix once per token — only the used share of routed
     experts, and of the input embeddings one row, unless they double as the output layer;
-    prefill multiplies the blocks' matrices for every prompt token (the output layer runs for
-    the last one only). The same rule as `kernels.engine_run.per_token_work`, placed."""
+    prefill multiplies the blocks' matrices for every prompt token (the output layer and the
+    last block's FFN run for the last one only). The same rule as
+    `kernels.engine_run.per_token_work`, placed."""
     n_layers = spec.n_layers or len(spec.layers)
     placement = LayerPlacement(n_layers, config, gpus)
     used_share = spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0
     read: dict[str, dict[str, float]] = {}
     multiplied: dict[str, dict[str, float]] = {}
+    read_rows: dict[str, dict[str, float]] = {}
+    prefill_rows: dict[str, dict[str, float]] = {}
     for piece in pieces:
         embeddings = piece.name.startswith("token_embd")
         if (embeddings and not spec.tied_embeddings) or (not embeddings and not piece.matmul):
@@ -415,23 +440,27 @@ def token_work(
         )
         share = used_share if "_exps" in piece.name else 1.0
         in_block = piece.layer is not None and piece.layer < n_layers
+        in_block = in_block and not last_block_ffn(piece.name, n_layers)
         weights = piece.bytes * 8 / _piece_bits(piece, spec)
+        split = share / len(piece.type_names)
         for type_name in piece.type_names:
-            _add(read, device, type_name, piece.bytes * share / len(piece.type_names))
+            _add(read, device, type_name, piece.bytes * split)
+            _add(read_rows, device, type_name, piece.rows * split)
             if in_block and not embeddings:
-                _add(multiplied, device, type_name, weights * share / len(piece.type_names))
+                _add(multiplied, device, type_name, weights * split)
+                _add(prefill_rows, device, type_name, piece.rows * split)
     layers: dict[str, int] = {}
     for index in range(n_layers):
         device = placement.device_of(index)
         layers[device] = layers.get(device, 0) + 1
-    return TokenWork(read, multiplied, layers)
+    return TokenWork(read, multiplied, layers, read_rows, prefill_rows)
 
 
 def _piece_bits(piece: WeightPiece, spec: ModelSpec) -> float:
     """A tensor's bits per weight; for a spec's group of several types, its group's average
     (`pieces_from_spec` names each group after one of its tensors)."""
     if len(piece.type_names) == 1:
-        return _type_bits(piece.type_names[0])
+        return bits_per_weight(piece.type_names[0])
     group = _spec_group(spec, piece)
     if group is not None and group.params:
         return group.bytes * 8 / group.params
@@ -463,13 +492,6 @@ def _add(table: dict[str, dict[str, float]], device: str, type_name: str, amount
     row[type_name] = row.get(type_name, 0.0) + amount
 
 
-def _type_bits(type_name: str) -> float:
-    try:
-        return type_bits(type_name)
-    except KeyError:  # a type this gguf package does not know: assume 8-bit
-        return 8.0
-
-
 def _speed(
     spec: ModelSpec,
     machine: Machine,
@@ -486,17 +508,22 @@ def _speed(
     kv_seconds = 0.0
     for name, memory in estimate.devices.items():
         bandwidth = _bandwidth(machine, name)
-        weights = sum(
-            amount / (bandwidth * _efficiency(machine, "decode", type_name, name))
-            for type_name, amount in work.read_bytes.get(name, {}).items()
-        )
+        read = work.read_bytes.get(name, {})
+        if name == CPU:
+            weights = machine.cpu_seconds(
+                "decode",
+                read,
+                work.read_rows.get(CPU, {}),
+                work.layers.get(CPU, 0),
+                spec.architecture,
+            )
+        else:
+            weights = sum(read.values()) / (bandwidth * machine.decode_efficiency)
         kv = memory.kv_bytes / 2 / (bandwidth * machine.decode_efficiency)
         kv_seconds += kv
         seconds_by_tier[name] = weights + kv
-    seconds_by_tier[CPU] = (
-        seconds_by_tier.get(CPU, 0.0)
-        + machine.decode_overhead_s_per_layer * work.layers.get(CPU, 0)
-        + logits_seconds(spec.vocab_size or 0, machine.cpu_bandwidth)
+    seconds_by_tier[CPU] = seconds_by_tier.get(CPU, 0.0) + logits_seconds(
+        spec.vocab_size or 0, machine.cpu_bandwidth
     )
     if streams_from_disk:
         cpu = estimate.devices[CPU]
@@ -521,29 +548,6 @@ def logits_seconds(n_vocab: int, bandwidth: float) -> float:
     return 2 * n_vocab * 4 / bandwidth
 
 
-def _efficiency(machine: Machine, kind: str, type_name: str, device: str) -> float:
-    """The share of `device`'s bandwidth (decode) or compute (prefill) the kernels for
-    `type_name` reach: calibrated for that type, else for the nearest calibrated type (same
-    repacking, then closest bits per weight), else the machine's overall figure."""
-    overall = machine.decode_efficiency if kind == "decode" else machine.prefill_efficiency
-    if device != CPU:
-        return overall if kind == "decode" else PREFILL_EFFICIENCY
-    exact = machine.type_efficiency.get(f"{kind}:{type_name}")
-    if exact:
-        return exact
-    known = [
-        (key.split(":", 1)[1], value)
-        for key, value in machine.type_efficiency.items()
-        if key.startswith(f"{kind}:")
-    ]
-    if not known:
-        return overall
-    repacked = type_name in machine.repacked
-    alike = [(t, value) for t, value in known if (t in machine.repacked) == repacked] or known
-    bits = _type_bits(type_name)
-    return min(alike, key=lambda item: abs(_type_bits(item[0]) - bits))[1]
-
-
 def _bandwidth(machine: Machine, device: str) -> float:
     if device == CPU:
         return machine.cpu_bandwidth
@@ -552,13 +556,21 @@ def _bandwidth(machine: Machine, device: str) -> float:
 
 
 def _prefill_tps(spec: ModelSpec, machine: Machine, work: TokenWork) -> float:
-    """Prefill: per device, 2 FLOPs per multiplied weight over the compute its kernels reach
-    for that weight type."""
+    """Prefill: on the CPU, the calibrated costs of the weights and rows multiplied and of
+    the layers; on a GPU, 2 FLOPs per multiplied weight at a share of its peak."""
     seconds = 0.0
     for device, weights in work.prefill_weights.items():
-        peak = _peak_flops(machine, device)
-        for type_name, count in weights.items():
-            seconds += 2 * count / (peak * _efficiency(machine, "prefill", type_name, device))
+        if device == CPU:
+            seconds += machine.cpu_seconds(
+                "prefill",
+                weights,
+                work.prefill_rows.get(CPU, {}),
+                work.layers.get(CPU, 0),
+                spec.architecture,
+            )
+        else:
+            peak = _peak_flops(machine, device)
+            seconds += 2 * sum(weights.values()) / (peak * PREFILL_EFFICIENCY)
     if not seconds:  # a spec without block tensors: all its parameters, on the CPU
         params = spec.active_params or spec.total_params or 1
         seconds = 2 * params / (machine.cpu_flops * machine.prefill_efficiency)

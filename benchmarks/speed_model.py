@@ -1,11 +1,12 @@
 """Predicted against measured speed, after calibrating this machine.
 
-1. Calibrate (the kernels, including the engine micro-run on the shipped model).
+1. Calibrate (the kernels, the shipped model and the speed probes on the engine).
 2. For the shipped model's variants (Q4_K_M as shipped; Q8_0, Q4_0, Q2_K made locally) and
    synthetic dense models of ~0.5B and ~1.5B parameters, ask the planner (calibrated) for its
-   decode and prefill prediction, then measure the same settings llama-bench style.
+   decode and prefill prediction, then measure the same settings llama-bench style (tg64,
+   pp128), all models in interleaved rounds, and compare with the median round.
 
-    .venv/bin/python benchmarks/speed_model.py [--json]
+    .venv/bin/python benchmarks/speed_model.py [--json] [--rounds N] [--save RUN.json]
 
 Target: every prediction within ±20% of the measurement. Decode is compared at an empty
 context (`decode_tps_empty_context`), which is what tgN measures. The shipped model is
@@ -17,16 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 
 from hearthside.autotune.calibration import planner_figures
 from hearthside.autotune.memory import pieces_from_gguf
 from hearthside.autotune.planner import plan
-from hearthside.core.engine.bench import run_bench
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.engine import Engine
 from hearthside.core.models.gguf_validator import validate_gguf
@@ -38,6 +40,8 @@ from hearthside.kernels.synthetic_model import write_synthetic_gguf
 VARIANTS = {"Q8_0": 7, "Q4_0": 2, "Q2_K": 10}  # llama_ftype values
 CONTEXT = 2048
 TOLERANCE = 0.20
+SHIPPED = "gemma-270m Q4_K_M"
+N_PROMPT, N_GEN = 128, 64
 
 
 def quantized(source: Path, folder: Path, name: str, ftype: int) -> Path:
@@ -50,7 +54,7 @@ def quantized(source: Path, folder: Path, name: str, ftype: int) -> Path:
 
 
 def models(shipped: Path, folder: Path) -> dict[str, Path]:
-    found = {"gemma-270m Q4_K_M": shipped}
+    found = {SHIPPED: shipped}
     for name, ftype in VARIANTS.items():
         found[f"gemma-270m {name}"] = quantized(shipped, folder, name, ftype)
     for shape in ("dense-0.5b", "dense-1.5b"):
@@ -60,10 +64,35 @@ def models(shipped: Path, folder: Path) -> dict[str, Path]:
     return found
 
 
+def measure_interleaved(engines: dict[str, Engine], rounds: int) -> dict[str, tuple[float, float]]:
+    """Median tg64 and pp128 tok/s of each model (timed as `hearthside bench` times them), over
+    `rounds` rounds in which every model runs once, after one warm-up round: other programs
+    on a shared machine come and go within seconds, so each model meets the same ones."""
+    tokens = [int(t) for t in np.random.default_rng(0).integers(0, 256, size=N_PROMPT + 1)]
+    decode: dict[str, list[float]] = {name: [] for name in engines}
+    prefill: dict[str, list[float]] = {name: [] for name in engines}
+    for done in range(rounds + 1):
+        for name, engine in engines.items():
+            tg = N_GEN / engine.time_decode(tokens[: N_GEN + 1])
+            pp = N_PROMPT / engine.time_prefill(tokens[:N_PROMPT])
+            if done:
+                decode[name].append(tg)
+                prefill[name].append(pp)
+        _say(f"round {done} of {rounds} done" if done else "warm-up round done")
+    return {
+        name: (statistics.median(decode[name]), statistics.median(prefill[name]))
+        for name in engines
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="the shipped model's GGUF")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds to time")
+    parser.add_argument(
+        "--save", type=Path, default=None, help="write the calibration report and rows as JSON"
+    )
     args = parser.parse_args()
     shipped = args.model or _default_model()
     folder = Path(tempfile.mkdtemp(prefix="hearthside-speed-"))
@@ -71,27 +100,33 @@ def main() -> int:
     report = run_calibration(model_path=shipped, profile=profile)
     figures = planner_figures(report)
     _say(f"calibration took {report.duration_s:.1f} s: {figures}")
-    rows = []
-    for name, path in models(shipped, folder).items():
-        pieces = pieces_from_gguf(validate_gguf(path))
-        predicted = plan(
-            spec_from_gguf(path), profile, n_ctx=CONTEXT, calibration=figures, pieces=pieces
-        )
-        config = EngineConfig(
-            str(path), n_ctx=CONTEXT, n_threads=predicted.config.n_threads, flash_attn=True
-        )
-        engine = Engine(config)
-        try:
-            bench = run_bench(engine, n_prompt=128, n_gen=64, repetitions=5, warmup_s=0.5)
-        finally:
+    predictions, engines = {}, {}
+    try:
+        for name, path in models(shipped, folder).items():
+            pieces = pieces_from_gguf(validate_gguf(path))
+            predictions[name] = plan(
+                spec_from_gguf(path), profile, n_ctx=CONTEXT, calibration=figures, pieces=pieces
+            )
+            config = EngineConfig(
+                str(path),
+                n_ctx=CONTEXT,
+                n_threads=predictions[name].config.n_threads,
+                flash_attn=predictions[name].config.flash_attn,
+            )
+            engines[name] = Engine(config)
+        measured = measure_interleaved(engines, args.rounds)
+    finally:
+        for engine in engines.values():
             engine.close()
-        decode, prefill = bench.stat("tg64").median_tok_s, bench.stat("pp128").median_tok_s
+    rows = []
+    for name, predicted in predictions.items():
+        decode, prefill = measured[name]
         rows.append(
             {
                 "model": name,
                 # the calibration measured the shipped model itself (as on every machine); the
                 # others are predicted from its fit and the synthetic probes: out of sample
-                "sample": "in" if path == shipped else "out",
+                "sample": "in" if name == SHIPPED else "out",
                 "decode_predicted": round(predicted.speed.decode_tps_empty_context, 1),
                 "decode_measured": round(decode, 1),
                 "decode_ratio": round(predicted.speed.decode_tps_empty_context / decode, 3),
@@ -104,6 +139,8 @@ def main() -> int:
     within = all(
         abs(row[key] - 1) <= TOLERANCE for row in rows for key in ("decode_ratio", "prefill_ratio")
     )
+    if args.save is not None:
+        args.save.write_text(json.dumps({"calibration": report.to_dict(), "rows": rows}))
     if args.json:
         print(json.dumps({"calibration": figures, "rows": rows, "within_20_percent": within}))
     else:

@@ -1,10 +1,11 @@
 """`run_calibration`: every kernel on this machine, within a time budget, with progress.
 
-Groups run in order of what the planner needs most: CPU memory bandwidth, the engine micro-run
-on the shipped model, the disk, CPU matmul, the engine's speed probes (synthetic models that
-separate fixed and per-quant-type costs), then the GPUs. Each group gets a share of the budget
-in proportion to its weight, and time a group saves flows to the ones after it. The kernels
-plan to finish by PLANNING_SHARE of the budget (a kernel always completes its minimum
+Groups run in order of what the planner needs most: CPU memory bandwidth, the engine on the
+CPU (the shipped model and, in a full calibration, the speed probes: synthetic models that
+separate fixed, per-row and per-quant-type costs, all timed in the same interleaved rounds),
+the engine on each GPU, the disk, CPU matmul, then the GPU kernels. Each group gets a share
+of the budget in proportion to its weight, and time a group saves flows to the ones after it.
+The kernels plan to finish by PLANNING_SHARE of the budget (a kernel always completes its minimum
 repetitions, so they overrun a little on a busy machine); anything still waiting at HARD_SHARE
 of the budget is reported as skipped rather than run.
 """
@@ -33,8 +34,8 @@ from hearthside.kernels.disk import FILE_BYTES, QUICK_FILE_BYTES, disk_label, me
 from hearthside.kernels.engine_run import (
     backends_for,
     engine_weight,
+    measure_cpu,
     measure_engine,
-    measure_probes,
     speed_probes,
 )
 from hearthside.kernels.matmul import (
@@ -60,7 +61,7 @@ from hearthside.kernels.memory import (
 from hearthside.kernels.results import SCHEMA_VERSION, CalibrationReport, hearthside_version
 from hearthside.kernels.torch_support import cpu_device, gpu_devices, import_torch
 
-DEFAULT_BUDGET_S = 45.0
+DEFAULT_BUDGET_S = 90.0
 QUICK_BUDGET_S = 8.0
 PLANNING_SHARE = 0.85
 # Past this share of the budget the remaining kernels are skipped; the rest of the budget is
@@ -71,7 +72,7 @@ QUICK_WARMUP_S = 0.1
 # Relative seconds per group (the engine includes loading the model).
 MEMORY_WEIGHT = 6.0
 QUICK_MEMORY_WEIGHT = 3.0
-ENGINE_WEIGHT_PER_BACKEND = 6.0
+ENGINE_WEIGHT_PER_BACKEND = 12.0
 QUICK_ENGINE_WEIGHT_PER_BACKEND = 9.0
 ENGINE_WEIGHT_PER_PROBE = 4.0  # writing, loading and timing one synthetic speed probe
 DISK_WEIGHT = 3.0
@@ -205,9 +206,10 @@ def _groups(settings: _Settings, torch: _TorchOnDemand) -> list[_Group]:
     quick = settings.quick
     cpu = settings.profile.cpu
     threads = thread_counts(cpu.physical_cores, cpu.logical_cores)
-    engine_backends = backends_for(
-        settings.profile.engine.devices if settings.profile.engine else ()
-    )
+    # the CPU's run times the shipped model and the speed probes together (`measure_cpu`)
+    gpu_backends = backends_for(settings.profile.engine.devices if settings.profile.engine else ())[
+        1:
+    ]
     # --quick keeps to the shipped model; the probes are what a full calibration adds
     probes = [] if quick else speed_probes(cpu.l3_cache_bytes)
     gpu_count = len(settings.profile.gpus)
@@ -220,16 +222,29 @@ def _groups(settings: _Settings, torch: _TorchOnDemand) -> list[_Group]:
         ),
         _Group(
             "engine",
-            len(engine_backends)
+            (QUICK_ENGINE_WEIGHT_PER_BACKEND if quick else ENGINE_WEIGHT_PER_BACKEND)
+            + len(probes) * ENGINE_WEIGHT_PER_PROBE,
+            1.0,
+            lambda budget, step: measure_cpu(
+                settings.model_path, probes, quick=quick, budget=budget, step=step
+            ),
+        ),
+        _Group(
+            "engine on gpus",
+            len(gpu_backends)
             * (QUICK_ENGINE_WEIGHT_PER_BACKEND if quick else ENGINE_WEIGHT_PER_BACKEND),
-            engine_weight(engine_backends),
-            lambda budget, step: measure_engine(
-                settings.model_path,
-                engine_backends,
-                quick=quick,
-                budget=budget,
-                warmup_s=settings.warmup_s,
-                step=step,
+            engine_weight(gpu_backends) or 1,
+            lambda budget, step: (
+                measure_engine(
+                    settings.model_path,
+                    gpu_backends,
+                    quick=quick,
+                    budget=budget,
+                    warmup_s=settings.warmup_s,
+                    step=step,
+                )
+                if gpu_backends
+                else []
             ),
         ),
         _Group(
@@ -243,16 +258,6 @@ def _groups(settings: _Settings, torch: _TorchOnDemand) -> list[_Group]:
             QUICK_CPU_MATMUL_WEIGHT if quick else CPU_MATMUL_WEIGHT,
             _cpu_matmul_weight(quick),
             lambda budget, step: _cpu_matmul(settings, torch, budget, step),
-        ),
-        # after the GEMM the prefill figures need: on a slow machine the probes, which only
-        # refine the engine's figures, are what the budget skips
-        _Group(
-            "engine probes",
-            len(probes) * ENGINE_WEIGHT_PER_PROBE,
-            engine_weight((), probes) or 1,
-            lambda budget, step: measure_probes(
-                probes, quick=quick, budget=budget, warmup_s=settings.warmup_s, step=step
-            ),
         ),
         _Group(
             "gpu",

@@ -531,8 +531,7 @@ class _RandomBlocks:
 
     def _tiled(self, pool: np.ndarray, count: int) -> np.ndarray:
         start = int(self._rng.integers(0, len(pool)))
-        rolled = np.concatenate((pool[start:], pool[:start]))
-        return np.resize(rolled, (count, *pool.shape[1:]))
+        return pool[(start + np.arange(count)) % len(pool)]  # copies `count` entries only
 
 
 def _add_hparams(writer: gguf.GGUFWriter, shape: SyntheticShape) -> None:

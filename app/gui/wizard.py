@@ -100,6 +100,7 @@ from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
 from hearthside.core.serialize import from_jsonable, to_jsonable
+from hearthside.kernels import calibrate as calibration_kernels
 from hearthside.kernels.calibrate import run_calibration
 from hearthside.kernels.results import save_calibration
 
@@ -120,7 +121,7 @@ GOAL_TEXT: dict[str, tuple[str, str]] = {
     ),
 }
 BUDGET_MIN_S, BUDGET_MAX_S, BUDGET_STEP_S, DEFAULT_BUDGET_S = 30, 600, 15, 60
-CALIBRATION_BUDGET_S = 8.0
+CALIBRATION_BUDGET_S = calibration_kernels.DEFAULT_BUDGET_S  # a whole one: the probes too
 MAX_SUGGESTIONS = 6
 # Decode speed-ups inside this band are measurement noise, not a difference.
 SAME_SPEED_BAND = (0.95, 1.05)
@@ -436,7 +437,6 @@ def audit_winner(db: WisdomDB, result: TuneResult, model_path: Path) -> Capacity
 
 def _calibrate(request: MeasureRequest, post: Callable[[MeasureUpdate], None]) -> None:
     report = run_calibration(
-        quick=True,
         budget_s=CALIBRATION_BUDGET_S,
         model_path=request.model_path,
         profile=request.profile,
@@ -782,7 +782,9 @@ class FoundPage(QWizardPage):
             self.calibration.setText(
                 f"Calibrated: {describe_figures(found.calibration)}. Predictions use these figures."
             )
-            self.calibrate_box.setText("&Calibrate again first (about 10 s)")
+            self.calibrate_box.setText(
+                f"&Calibrate again first (about {CALIBRATION_BUDGET_S:.0f} s)"
+            )
         else:
             self.calibration.setText(
                 "Not calibrated yet: predictions use typical figures for this kind of machine."

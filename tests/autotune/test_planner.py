@@ -9,10 +9,8 @@ import pytest
 
 from hearthside.autotune.memory import CPU
 from hearthside.autotune.planner import (
-    DECODE_EFFICIENCY,
     PREFILL_EFFICIENCY,
     Plan,
-    _efficiency,
     cpu_expert_layers,
     describe_machine,
     plan,
@@ -227,15 +225,19 @@ def test_a_type_never_measured_takes_the_nearest_measured_one() -> None:
         "decode_efficiency": 0.5,
         "decode_efficiency:Q8_0": 0.6,
         "decode_efficiency:Q4_0": 0.8,
-        "decode_efficiency:Q2_K": 0.4,
+        "decode_efficiency:Q4_K": 0.7,
+        "decode_row_s:Q4_K": 10e-9,
     }
-    machine_view = describe_machine(profile, calibration)
-    assert _efficiency(machine_view, "decode", "Q4_K", CPU) == 0.8  # repacked like Q4_0
-    assert _efficiency(machine_view, "decode", "Q3_K", CPU) == 0.4  # 3.4 bits: nearest Q2_K
-    assert _efficiency(machine_view, "decode", "F16", CPU) == 0.6  # nearest by bits: Q8_0
-    assert _efficiency(machine_view, "decode", "Q6_K", "CUDA0") == 0.5  # GPUs: overall figure
-    uncalibrated = describe_machine(profile, {})
-    assert _efficiency(uncalibrated, "decode", "Q4_K", CPU) == DECODE_EFFICIENCY
+    costs = describe_machine(profile, calibration).cpu_costs("decode")
+    assert costs.nearest("Q5_0") == "Q8_0"  # a legacy type without repacked kernels
+    assert costs.nearest("IQ4_NL") == "Q4_0"  # repacked like Q4_0
+    assert costs.nearest("Q3_K") == "Q4_K"  # a K-quant
+    assert costs.nearest("F16") == "Q8_0"  # nothing alike: the nearest not repacked, by bits
+    # a token of 1 GB of Q3_K in 1M rows costs what Q4_K's bytes and rows cost
+    assert costs.seconds({"Q3_K": 1e9}, {"Q3_K": 1e6}) == pytest.approx(
+        1e9 / (20e9 * 0.7) + 1e6 * 10e-9
+    )
+    assert describe_machine(profile, {}).cpu_costs("decode").per_unit == {}
 
 
 def test_prefill_counts_the_blocks_not_the_embeddings() -> None:

@@ -16,6 +16,7 @@ from hearthside.kernels.calibrate import (
     run_calibration,
     summarize_machine,
 )
+from hearthside.kernels.engine_run import OVERHEAD_PROBE, PROBE_TYPES, PROBE_WIDTHS
 from hearthside.kernels.measurement import NO_GPU_NOTE
 
 
@@ -60,4 +61,13 @@ def test_a_whole_calibration_fits_its_budget_with_every_figure(default_model_fil
     assert gpu_notes == {NO_GPU_NOTE}
     fractions = [done for _name, done in progress]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
-    assert {"memory read, 1 thread(s)", "engine on cpu", "disk read"} <= {n for n, _ in progress}
+    steps = {name for name, _ in progress}
+    assert {"memory read, 1 thread(s)", "engine round 1", "disk read"} <= steps
+    # the shipped model and every speed probe, timed in the same rounds
+    runs = report.measured("engine_decode", "cpu")
+    assert {m.params.get("probe") for m in runs} == {None, OVERHEAD_PROBE, *probe_names()}
+    assert len({m.repetitions for m in runs}) == 1
+
+
+def probe_names() -> list[str]:
+    return [f"{type_name}@{width}" for type_name in PROBE_TYPES for width in PROBE_WIDTHS]

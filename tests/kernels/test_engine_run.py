@@ -15,19 +15,23 @@ from hearthside.core.probe.profile import EngineDevice
 from hearthside.kernels.engine_run import (
     MAX_PROBE_BYTES,
     MIN_PROBE_BYTES,
+    MIN_ROUNDS,
     N_GEN,
     N_PROMPT,
     OVERHEAD_PROBE,
+    PREFILL_ROWS,
     PREFILL_WEIGHTS,
     PROBE_TYPES,
+    PROBE_WIDTHS,
     READ_BYTES,
+    READ_ROWS,
     EngineBackend,
     SpeedProbe,
     backend_label,
     backends_for,
     engine_weight,
+    measure_cpu,
     measure_engine,
-    measure_probes,
     per_token_work,
     speed_probes,
     type_bits,
@@ -79,9 +83,7 @@ def test_prefill_and_decode_of_the_default_model_on_the_cpu(default_model_file: 
 
 
 def test_without_a_model_the_run_says_how_to_get_one() -> None:
-    measurements = measure_engine(
-        None, backends_for(()), quick=True, budget=Budget(1.0, 3), warmup_s=0.1
-    )
+    measurements = measure_cpu(None, [], quick=True, budget=Budget(1.0, 1))
     assert [m.kind for m in measurements] == ["engine_prefill", "engine_decode"]
     assert not any(m.ok for m in measurements)
     assert "hearthside models install-default" in measurements[0].note
@@ -90,22 +92,30 @@ def test_without_a_model_the_run_says_how_to_get_one() -> None:
 def test_a_file_the_engine_cannot_load_is_reported_not_raised(tmp_path: Path) -> None:
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 60)
-    measurements = measure_engine(
-        broken, backends_for(()), quick=True, budget=Budget(1.0, 3), warmup_s=0.1
-    )
-    assert len(measurements) == 2 and not any(m.ok for m in measurements)
-    assert measurements[0].note.startswith("not measured: ")
+    for measurements in (
+        measure_cpu(broken, [], quick=True, budget=Budget(1.0, 1)),
+        measure_engine(broken, backends_for(()), quick=True, budget=Budget(1.0, 3), warmup_s=0.1),
+    ):
+        assert len(measurements) == 2 and not any(m.ok for m in measurements)
+        assert measurements[0].note.startswith("not measured: ")
 
 
 def test_per_token_work_of_the_default_model(default_model_file: Path) -> None:
     work = per_token_work(validate_gguf(default_model_file))
-    assert (work["n_layers"], work["n_vocab"]) == (18, 262144)
+    assert (work["n_layers"], work["n_vocab"], work["architecture"]) == (18, 262144, "gemma3")
     read = work_by_type(work, READ_BYTES)
     # tied embeddings: the 262k x 640 Q8_0 matrix is the output layer, read for every token
     assert read["Q8_0"] > 170 * 2**20
     assert set(read) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+    assert work_by_type(work, READ_ROWS)["Q8_0"] >= 262144  # one dot product per vocab entry
     multiplied = work_by_type(work, PREFILL_WEIGHTS)
-    assert 95e6 < sum(multiplied.values()) < 105e6  # the blocks only: ~100M of the 268M
+    # the blocks only (~100M of the 268M), less the last block's FFN, which llama.cpp runs
+    # for the one token whose logits are wanted
+    last_ffn = 3 * 640 * 2048
+    assert 95e6 < sum(multiplied.values()) + last_ffn < 105e6
+    assert sum(work_by_type(work, PREFILL_ROWS).values()) < sum(
+        work_by_type(work, READ_ROWS).values()
+    )
 
 
 def test_the_planner_counts_a_token_the_way_the_calibration_does(
@@ -116,27 +126,49 @@ def test_the_planner_counts_a_token_the_way_the_calibration_does(
     work = token_work(spec, EngineConfig(str(default_model_file)), (), pieces_from_gguf(info))
     recorded = per_token_work(info)
     assert work.read_bytes["CPU"] == pytest.approx(work_by_type(recorded, READ_BYTES))
+    assert work.read_rows["CPU"] == pytest.approx(work_by_type(recorded, READ_ROWS))
     assert work.prefill_weights["CPU"] == pytest.approx(work_by_type(recorded, PREFILL_WEIGHTS))
+    assert work.prefill_rows["CPU"] == pytest.approx(work_by_type(recorded, PREFILL_ROWS))
     assert work.layers == {"CPU": 18}
 
 
-def test_speed_probes_outgrow_the_cache_and_fill_k_quant_blocks() -> None:
+def test_speed_probes_outgrow_the_cache_at_two_widths_and_fill_k_quant_blocks() -> None:
     probes = speed_probes(32 << 20)
-    assert [probe.name for probe in probes] == [OVERHEAD_PROBE, *PROBE_TYPES]
+    expected = [f"{t}@{w}" for t in PROBE_TYPES for w in PROBE_WIDTHS]
+    assert [probe.name for probe in probes] == [OVERHEAD_PROBE, *expected]
     for probe in probes[1:]:
         shape = probe.shape
         weights = shape.n_layers * 14.5 * shape.n_embd**2
         assert MIN_PROBE_BYTES * 0.7 < weights * type_bits(probe.type_name) / 8 < MAX_PROBE_BYTES
         assert shape.n_embd % 256 == 0 and shape.n_ff % 256 == 0
-    big_cache = speed_probes(1 << 30)[1].shape  # capped: a server's cache is not read 5 times
-    assert big_cache.n_layers * 14.5 * big_cache.n_embd**2 * 8.5 / 8 < MAX_PROBE_BYTES * 1.2
+        assert shape.n_embd == int(probe.name.split("@")[1])
+    # capped: a server's cache is not read twice over, and all probes are loaded at once
+    for probe in speed_probes(1 << 30)[1:]:
+        shape = probe.shape
+        layer_bytes = 14.5 * shape.n_embd**2 * type_bits(probe.type_name) / 8
+        assert (shape.n_layers - 0.5) * layer_bytes <= MAX_PROBE_BYTES
 
 
-def test_a_probe_is_written_measured_tagged_and_deleted(tmp_path: Path) -> None:
+def test_the_model_and_the_probes_are_timed_in_the_same_rounds(
+    default_model_file: Path,
+) -> None:
     tiny_q2_k = SpeedProbe("Q2_K", "Q2_K", SyntheticShape("llama", 2, 256, 4, 1, 512, n_vocab=512))
-    budget = Budget(4.0, engine_weight((), [tiny_q2_k]))
-    prefill, decode = measure_probes([tiny_q2_k], quick=True, budget=budget, warmup_s=0.05)
-    assert prefill.ok and decode.ok, (prefill.note, decode.note)
-    assert decode.params["probe"] == "Q2_K" and decode.params["n_layers"] == 2
-    assert set(work_by_type(decode.params, READ_BYTES)) == {"Q2_K"}  # uniform, unlike a mix
-    assert not Path(decode.params["model_path"]).exists()
+    measurements = measure_cpu(default_model_file, [tiny_q2_k], quick=True, budget=Budget(8.0, 1))
+    assert [(m.kind, m.params.get("probe")) for m in measurements] == [
+        ("engine_prefill", None),
+        ("engine_decode", None),
+        ("engine_prefill", "Q2_K"),
+        ("engine_decode", "Q2_K"),
+    ]
+    assert all(m.ok for m in measurements), [m.note for m in measurements]
+    # every model ran in every round: the same count of repetitions
+    assert {m.repetitions for m in measurements} == {measurements[0].repetitions}
+    assert measurements[0].repetitions >= MIN_ROUNDS
+    assert "interleaved rounds" in measurements[1].method
+    model_decode, probe_decode = measurements[1], measurements[3]
+    assert model_decode.params["model"] == default_model_file.stem
+    assert probe_decode.params["n_layers"] == 2 and probe_decode.params["architecture"] == "llama"
+    assert set(work_by_type(probe_decode.params, READ_BYTES)) == {"Q2_K"}  # uniform, unlike a mix
+    assert not Path(probe_decode.params["model_path"]).exists()  # the probe file is gone
+    # the 268M-weight model is far slower per token than a 2-layer probe
+    assert probe_decode.value > model_decode.value

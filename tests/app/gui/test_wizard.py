@@ -16,6 +16,7 @@ from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QApplication, QWizard
 from pytestqt.qtbot import QtBot
 
+from hearthside.app.gui import wizard as wizard_module
 from hearthside.app.gui.app import apply_palette
 from hearthside.app.gui.tune_chart import TuneChart
 from hearthside.app.gui.wizard import (
@@ -204,8 +205,14 @@ def test_closing_while_measuring_stops_within_a_candidate_and_the_chat_model_sti
 
 
 def test_a_catalog_model_gets_a_plan_only_after_calibrating_first(
-    qtbot: QtBot, service: EngineService, registered: ModelRecord, profile: HardwareProfile
+    qtbot: QtBot,
+    service: EngineService,
+    registered: ModelRecord,
+    profile: HardwareProfile,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # a whole calibration, speed probes included, in less time than the wizard gives it
+    monkeypatch.setattr(wizard_module, "CALIBRATION_BUDGET_S", 30.0)
     wizard = OptimizeWizard(service, profile)
     goal_page(qtbot, wizard)
     ref = select(wizard, installed=False)
@@ -219,7 +226,8 @@ def test_a_catalog_model_gets_a_plan_only_after_calibrating_first(
     with qtbot.waitSignal(wizard.runner.finished, timeout=RUN_TIMEOUT_MS) as finished:
         wizard.next()
     assert finished.args[0] is None  # calibrated; nothing tuned
-    assert survey(profile).calibration  # the planner now has this machine's figures
+    figures = survey(profile).calibration  # the planner now has this machine's figures
+    assert any(key.startswith("decode_row_s:") for key in figures)  # from the probes
 
     wizard.next()
     assert wizard.currentId() == PAGE_RESULT
