@@ -15,7 +15,11 @@ from typing import Any
 import numpy as np
 
 from hearthside.autotune.cpu_costs import KernelCosts
-from hearthside.autotune.fingerprint import machine_fingerprint, machine_identity
+from hearthside.autotune.fingerprint import (
+    engine_fingerprint,
+    machine_fingerprint,
+    machine_identity,
+)
 from hearthside.autotune.memory import repacked_types
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.models.gguf_validator import validate_gguf
@@ -40,19 +44,33 @@ MIN_RELATIVE_EFFICIENCY = 1 / 3
 
 
 def store_calibration(report: CalibrationReport, profile: HardwareProfile, db: WisdomDB) -> str:
-    """Keep `report` under this machine's fingerprint; returns the fingerprint."""
+    """Keep `report` under this machine's fingerprint; returns the fingerprint. The factors
+    learned from measured runs go: they corrected the predictions of the calibration before."""
     fingerprint = machine_fingerprint(profile)
     db.note_machine(fingerprint, machine_identity(profile))
     db.save_calibration(fingerprint, report.to_dict())
+    db.forget_efficiency(fingerprint)
     return fingerprint
 
 
 def calibration_for(profile: HardwareProfile, db: WisdomDB) -> dict[str, float]:
-    """The planner's calibration figures for this machine ({} when it was never calibrated)."""
-    stored = db.latest_calibration(machine_fingerprint(profile))
-    if stored is None:
-        return {}
-    return planner_figures(CalibrationReport.from_dict(stored))
+    """The planner's figures for this machine: its latest calibration's, and what the tuner's
+    measured runs taught since (`learned_figures`); {} when it was neither calibrated nor
+    measured."""
+    fingerprint = machine_fingerprint(profile)
+    stored = db.latest_calibration(fingerprint)
+    figures = planner_figures(CalibrationReport.from_dict(stored)) if stored is not None else {}
+    return figures | learned_figures(profile, db)
+
+
+def learned_figures(profile: HardwareProfile, db: WisdomDB) -> dict[str, float]:
+    """`learned_<kind>:<tier>`: measured over predicted speed on this machine and engine, a
+    running mean over the tuner's runs of the planner's own picks (`tuner._learn`)."""
+    learned = db.efficiencies(machine_fingerprint(profile), engine_fingerprint(profile))
+    return {f"{LEARNED}{e.kind}:{e.device}": e.factor for e in learned if e.samples}
+
+
+LEARNED = "learned_"
 
 
 def planner_figures(report: CalibrationReport) -> dict[str, float]:

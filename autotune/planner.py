@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from hearthside.autotune.calibration import LEARNED
 from hearthside.autotune.cpu_costs import KernelCosts, bits_per_weight, layer_seconds
 from hearthside.autotune.memory import (
     CPU,
@@ -92,6 +93,9 @@ class SpeedEstimate:
     decode_bound_by: str  # the tier that takes most of each token's time
     # with an empty KV cache: what llama-bench's tgN (and the tuner's runs) measure
     decode_tps_empty_context: float = 0.0
+    # the learned factors (measured over predicted) already applied to the figures above
+    learned_decode: float = 1.0
+    learned_prefill: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ class Machine:
     prefill_efficiency: float = PREFILL_EFFICIENCY
     # the CPU costs the calibration fitted (autotune/calibration.py, autotune/cpu_costs.py)
     kernel_figures: dict[str, float] = field(default_factory=dict)
+    # measured over predicted speed, learned from the tuner's runs: {"decode:CPU": 1.08}
+    learned: dict[str, float] = field(default_factory=dict)
 
     def cpu_costs(self, kind: str) -> KernelCosts:
         """Seconds per unit (byte read, weight multiplied) and per row, by calibrated weight
@@ -233,7 +239,7 @@ def plan(
         speed=best.speed,
         fits=best.fits,
         streams_from_disk=best.streams_from_disk,
-        confidence="calibrated" if machine.calibrated else "estimated",
+        confidence=_confidence(machine, best.speed),
         reasons=tuple(_reasons(spec, machine, best, candidates, goal) + _recipe_reasons(recipes)),
         alternatives=tuple(candidate.summary() for candidate in ranked[1:4]),
         advice=tuple(_advice(spec, best)),
@@ -249,6 +255,7 @@ def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) ->
     cores = cpu.performance_cores or cpu.physical_cores or 1
     ram = profile.memory.cgroup_limit_bytes or profile.memory.total_bytes or 8 * GIB
     disk = next((d.read_bytes_per_s for d in profile.disks if d.read_bytes_per_s), None)
+    measured = {k: v for k, v in calibration.items() if not k.startswith(LEARNED)}
     return Machine(
         gpus=gpus,
         gpu_infos=gpu_infos[: len(gpus)],
@@ -261,10 +268,11 @@ def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) ->
         disk_bandwidth=calibration.get("disk_read_bytes_per_s") or disk or ASSUMED_DISK_BANDWIDTH,
         unified=any(gpu.unified_memory for gpu in gpu_infos),
         repacked=repacked_types(cpu.flags, cpu.arch),
-        calibrated=bool(calibration),
+        calibrated=bool(measured),
         decode_efficiency=calibration.get("decode_efficiency", DECODE_EFFICIENCY),
         prefill_efficiency=calibration.get("prefill_efficiency", PREFILL_EFFICIENCY),
-        kernel_figures=dict(calibration),
+        kernel_figures=measured,
+        learned={k.removeprefix(LEARNED): v for k, v in calibration.items() if k not in measured},
     )
 
 
@@ -442,7 +450,7 @@ def token_work(
         in_block = piece.layer is not None and piece.layer < n_layers
         in_block = in_block and not last_block_ffn(piece.name, n_layers)
         weights = piece.bytes * 8 / _piece_bits(piece, spec)
-        split = share / len(piece.type_names)
+        split = share / max(1, len(piece.type_names))  # a group of no type adds nothing
         for type_name in piece.type_names:
             _add(read, device, type_name, piece.bytes * split)
             _add(read_rows, device, type_name, piece.rows * split)
@@ -502,7 +510,8 @@ def _speed(
     ram: int,
 ) -> SpeedEstimate:
     """Decode: per tier, each weight type's bytes over the bandwidth its kernels reach, half
-    the KV cache on average, and on the CPU the fixed cost per layer and the logits."""
+    the KV cache on average, and on the CPU the fixed cost per layer and the logits; then both
+    speeds scaled by what measured runs taught about the tier that bounds decode."""
     unused_experts = 1.0 - (spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0)
     seconds_by_tier: dict[str, float] = {}
     kv_seconds = 0.0
@@ -533,13 +542,19 @@ def _speed(
             cpu_read * min(1.0, missing_share) / machine.disk_bandwidth / machine.decode_efficiency
         )
     per_token = sum(seconds_by_tier.values())
-    prefill = _prefill_tps(spec, machine, work)
+    bound_by = max(seconds_by_tier, key=lambda tier: seconds_by_tier[tier])
+    learned_decode = machine.learned.get(f"decode:{bound_by}", 1.0)
+    learned_prefill = machine.learned.get(f"prefill:{bound_by}", 1.0)
+    prefill = _prefill_tps(spec, machine, work) * learned_prefill
+    empty = per_token - kv_seconds
     return SpeedEstimate(
         prefill_tps=prefill,
-        decode_tps=1.0 / per_token if per_token else 0.0,
+        decode_tps=learned_decode / per_token if per_token else 0.0,
         ttft_s=PROMPT_TOKENS_FOR_TTFT / prefill if prefill else float("inf"),
-        decode_bound_by=max(seconds_by_tier, key=lambda tier: seconds_by_tier[tier]),
-        decode_tps_empty_context=1.0 / (per_token - kv_seconds) if per_token > kv_seconds else 0.0,
+        decode_bound_by=bound_by,
+        decode_tps_empty_context=learned_decode / empty if empty > 0 else 0.0,
+        learned_decode=learned_decode,
+        learned_prefill=learned_prefill,
     )
 
 
@@ -687,6 +702,12 @@ def _advice(spec: ModelSpec, best: Candidate) -> list[str]:
     return advice
 
 
+def _confidence(machine: Machine, speed: SpeedEstimate) -> Confidence:
+    if f"decode:{speed.decode_bound_by}" in machine.learned:
+        return "measured"  # corrected by what runs on this machine measured
+    return "calibrated" if machine.calibrated else "estimated"
+
+
 def _nothing_fits(
     spec: ModelSpec, goal: Goal, candidates: Sequence[Candidate], machine: Machine
 ) -> Plan:
@@ -700,7 +721,7 @@ def _nothing_fits(
         speed=closest.speed,
         fits=False,
         streams_from_disk=False,
-        confidence="calibrated" if machine.calibrated else "estimated",
+        confidence=_confidence(machine, closest.speed),
         reasons=(),
         alternatives=(),
         advice=(

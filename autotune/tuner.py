@@ -372,16 +372,19 @@ def _failure_kind(exc: EngineError) -> Literal["oom", "failed"]:
 def _learn(db: WisdomDB, key: TuningKey, run: RunRecord, planned: Plan) -> None:
     """Measured over predicted, per kind of work, for the tier that bounded the prediction:
     from the run of the planner's own pick only (the prediction is for those settings), and
-    decode against the empty-context figure, which is what llama-bench's tg measures."""
-    tier = planned.speed.decode_bound_by
-    predicted_decode = planned.speed.decode_tps_empty_context or planned.speed.decode_tps
+    decode against the empty-context figure, which is what llama-bench's tg measures. Against
+    the prediction before the factors learned so far, which it already carries."""
+    speed = planned.speed
+    tier = speed.decode_bound_by
+    predicted_decode = (speed.decode_tps_empty_context or speed.decode_tps) / speed.learned_decode
     if run.decode_tps and predicted_decode:
         db.learn_efficiency(
             key.machine, key.engine, tier, "decode", run.decode_tps / predicted_decode
         )
-    if run.prefill_tps and planned.speed.prefill_tps:
+    predicted_prefill = speed.prefill_tps / speed.learned_prefill
+    if run.prefill_tps and predicted_prefill:
         db.learn_efficiency(
-            key.machine, key.engine, tier, "prefill", run.prefill_tps / planned.speed.prefill_tps
+            key.machine, key.engine, tier, "prefill", run.prefill_tps / predicted_prefill
         )
 
 

@@ -369,6 +369,24 @@ class WisdomDB:
             return Efficiency(machine, engine, device, kind)
         return Efficiency(machine, engine, device, kind, row["factor"], row["samples"])
 
+    def efficiencies(self, machine: str, engine: str) -> list[Efficiency]:
+        """Every factor learned on `machine` with `engine`."""
+        rows = self._all(
+            "SELECT device, kind, factor, samples FROM efficiency "
+            "WHERE machine = ? AND engine = ? ORDER BY device, kind",
+            (machine, engine),
+        )
+        return [
+            Efficiency(machine, engine, r["device"], r["kind"], r["factor"], r["samples"])
+            for r in rows
+        ]
+
+    def forget_efficiency(self, machine: str) -> None:
+        """Drop what `machine`'s runs taught: they corrected predictions a new calibration
+        replaces."""
+        with self._writing():
+            self._conn.execute("DELETE FROM efficiency WHERE machine = ?", (machine,))
+
     def learn_efficiency(
         self, machine: str, engine: str, device: str, kind: str, measured_over_predicted: float
     ) -> Efficiency:

@@ -67,7 +67,7 @@ GOAL_NAMES: dict[str, str] = {
 CONFIDENCE_TEXT: dict[str, str] = {
     "estimated": "Estimated from the hardware's specifications",
     "calibrated": "Calibrated with this machine's measured bandwidth and compute",
-    "measured": "Measured on this machine",
+    "measured": "Calibrated, then corrected by the runs measured on this machine",
 }
 SETTING_NAMES: dict[str, str] = {
     "n_gpu_layers": "GPU layers",

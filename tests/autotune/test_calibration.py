@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from hearthside.autotune.calibration import calibration_for, planner_figures, store_calibration
+from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.memory import pieces_from_gguf
-from hearthside.autotune.planner import plan
+from hearthside.autotune.planner import Plan, plan
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import spec_from_gguf
@@ -86,6 +87,33 @@ def test_a_calibration_applies_only_to_the_machine_it_measured(tmp_path: Path) -
         store_calibration(report(), profile, wisdom)
         assert calibration_for(profile, wisdom)["cpu_read_bytes_per_s"] == 20 * GB
         assert calibration_for(other, wisdom) == {}
+
+
+def test_what_measured_runs_taught_corrects_the_next_plan_until_the_next_calibration(
+    default_model_file: Path, tmp_path: Path
+) -> None:
+    profile = probe_hardware()
+    spec = spec_from_gguf(default_model_file)
+    key = tuning_key(profile, default_model_file)
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+
+        def planned() -> Plan:
+            return plan(spec, profile, n_ctx=512, calibration=calibration_for(profile, wisdom))
+
+        store_calibration(report(default_model_file), profile, wisdom)
+        before = planned()
+        tier = before.speed.decode_bound_by
+        for ratio in (1.2, 1.3):  # two tuner runs, 20% and 30% faster than predicted
+            wisdom.learn_efficiency(key.machine, key.engine, tier, "decode", ratio)
+        after = planned()
+        assert after.speed.decode_tps_empty_context == pytest.approx(
+            before.speed.decode_tps_empty_context * 1.25
+        )
+        assert after.speed.learned_decode == pytest.approx(1.25)
+        assert after.speed.prefill_tps == pytest.approx(before.speed.prefill_tps)  # not learned
+        assert (before.confidence, after.confidence) == ("calibrated", "measured")
+        store_calibration(report(default_model_file), profile, wisdom)  # new figures: start over
+        assert planned().speed == before.speed
 
 
 # Recorded on the 2-core AMD EPYC development VM by `benchmarks/speed_model.py --save`: a whole

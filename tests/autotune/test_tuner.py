@@ -7,15 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from hearthside.autotune.fingerprint import TuningKey
+from hearthside.autotune.planner import plan
 from hearthside.autotune.tuner import (
     TuneEvent,
+    _learn,
     candidates,
     llama_cpp_python_defaults,
     save_tuned_defaults,
     tune,
 )
-from hearthside.autotune.wisdom import WisdomDB, config_key
+from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig, TensorOverride
+from hearthside.core.models.catalog import catalog_spec
 from hearthside.core.probe.runner import probe_hardware
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
@@ -122,3 +126,23 @@ def wisdom_key(wisdom: WisdomDB):  # noqa: ANN201
 def test_the_baseline_is_llama_cpp_pythons_own_defaults() -> None:
     defaults = llama_cpp_python_defaults("m.gguf")
     assert defaults.n_ctx == 512 and not defaults.flash_attn and defaults.type_k == "f16"
+
+
+def test_the_tuner_learns_against_the_prediction_before_what_it_learned(
+    profile,  # noqa: ANN001
+    tmp_path: Path,
+) -> None:
+    spec = catalog_spec("gemma-3-1b")
+    key = TuningKey("machine", "engine", "model")
+    unlearned = plan(spec, profile, n_ctx=2048)
+    tier = unlearned.speed.decode_bound_by
+    learned = plan(spec, profile, n_ctx=2048, calibration={f"learned_decode:{tier}": 2.0})
+    assert learned.speed.decode_tps_empty_context == pytest.approx(
+        2 * unlearned.speed.decode_tps_empty_context
+    )
+    measured = 1.5 * unlearned.speed.decode_tps_empty_context
+    run = RunRecord(key, {}, "quick", "ok", decode_tps=measured, prefill_tps=None)
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        _learn(wisdom, key, run, learned)
+        # 1.5x the planner's own figure, not 0.75x of the figure it had already corrected
+        assert wisdom.efficiency("machine", "engine", tier, "decode").factor == pytest.approx(1.5)

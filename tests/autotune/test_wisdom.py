@@ -127,6 +127,20 @@ def test_efficiency_is_a_running_factor_that_keeps_learning(wisdom: WisdomDB) ->
         wisdom.learn_efficiency("m", "e", "CPU", "decode", 0.0)
 
 
+def test_a_machines_factors_are_listed_and_forgotten_together(wisdom: WisdomDB) -> None:
+    wisdom.learn_efficiency("m", "e", "CPU", "decode", 0.8)
+    wisdom.learn_efficiency("m", "e", "CUDA0", "prefill", 1.2)
+    wisdom.learn_efficiency("m", "other-engine", "CPU", "decode", 0.5)
+    wisdom.learn_efficiency("other-machine", "e", "CPU", "decode", 0.4)
+    assert [(e.device, e.kind, e.factor) for e in wisdom.efficiencies("m", "e")] == [
+        ("CPU", "decode", 0.8),
+        ("CUDA0", "prefill", 1.2),
+    ]
+    wisdom.forget_efficiency("m")
+    assert wisdom.efficiencies("m", "e") == [] and wisdom.efficiencies("m", "other-engine") == []
+    assert len(wisdom.efficiencies("other-machine", "e")) == 1
+
+
 def test_the_latest_calibration_wins(wisdom: WisdomDB) -> None:
     wisdom.save_calibration("m", {"created_at": "2026-11-01T00:00:00", "read_gb_s": 20})
     wisdom.save_calibration("m", {"created_at": "2026-11-29T00:00:00", "read_gb_s": 22})
