@@ -519,13 +519,7 @@ def _speed(
         bandwidth = _bandwidth(machine, name)
         read = work.read_bytes.get(name, {})
         if name == CPU:
-            weights = machine.cpu_seconds(
-                "decode",
-                read,
-                work.read_rows.get(CPU, {}),
-                work.layers.get(CPU, 0),
-                spec.architecture,
-            )
+            weights = _cpu_seconds("decode", spec, machine, work)
         else:
             weights = sum(read.values()) / (bandwidth * machine.decode_efficiency)
         kv = memory.kv_bytes / 2 / (bandwidth * machine.decode_efficiency)
@@ -570,19 +564,25 @@ def _bandwidth(machine: Machine, device: str) -> float:
     return float(gpu.memory_bandwidth_bytes_per_s or machine.cpu_bandwidth)
 
 
+def _cpu_seconds(kind: str, spec: ModelSpec, machine: Machine, work: TokenWork) -> float:
+    """A token's time on the CPU: decode's reads, or one prompt token's multiplications."""
+    units, rows = (
+        (work.read_bytes, work.read_rows)
+        if kind == "decode"
+        else (work.prefill_weights, work.prefill_rows)
+    )
+    return machine.cpu_seconds(
+        kind, units.get(CPU, {}), rows.get(CPU, {}), work.layers.get(CPU, 0), spec.architecture
+    )
+
+
 def _prefill_tps(spec: ModelSpec, machine: Machine, work: TokenWork) -> float:
     """Prefill: on the CPU, the calibrated costs of the weights and rows multiplied and of
     the layers; on a GPU, 2 FLOPs per multiplied weight at a share of its peak."""
     seconds = 0.0
     for device, weights in work.prefill_weights.items():
         if device == CPU:
-            seconds += machine.cpu_seconds(
-                "prefill",
-                weights,
-                work.prefill_rows.get(CPU, {}),
-                work.layers.get(CPU, 0),
-                spec.architecture,
-            )
+            seconds += _cpu_seconds("prefill", spec, machine, work)
         else:
             peak = _peak_flops(machine, device)
             seconds += 2 * sum(weights.values()) / (peak * PREFILL_EFFICIENCY)

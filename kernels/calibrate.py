@@ -127,8 +127,8 @@ def run_calibration(
     model_path: Path | None = None,
     profile: HardwareProfile | None = None,
 ) -> CalibrationReport:
-    """Measure this machine. `budget_s` defaults to 30 s (8 s with `quick`); `model_path`
-    defaults to the store's default model; `profile` to a fresh probe."""
+    """Measure this machine. `budget_s` defaults to DEFAULT_BUDGET_S (QUICK_BUDGET_S with
+    `quick`); `model_path` to the store's default model; `profile` to a fresh probe."""
     started = time.perf_counter()
     created_at = datetime.now(UTC).isoformat(timespec="seconds")
     total_s = budget_s if budget_s is not None else QUICK_BUDGET_S if quick else DEFAULT_BUDGET_S
