@@ -112,7 +112,14 @@ def engine_efficiency(report: CalibrationReport, figures: dict[str, float]) -> d
     )
     fitted: dict[str, float] = {}
     if bandwidth:
-        kind = _Kind("decode", READ_BYTES, READ_ROWS, 1 / bandwidth, _decode_seconds(bandwidth))
+        kind = _Kind(
+            "decode",
+            READ_BYTES,
+            READ_ROWS,
+            1 / bandwidth,
+            _decode_seconds(bandwidth),
+            fixed=("layer", "token"),
+        )
         fitted.update(_fit(runs, kind, repacked))
     if flops:
         kind = _Kind("prefill", PREFILL_WEIGHTS, PREFILL_ROWS, 2 / flops, _prefill_seconds)
@@ -180,6 +187,9 @@ class _Kind:
     rows: str
     ideal_per_unit: float
     seconds: Callable[[_EngineRun], float | None]
+    # the fixed costs fitted: per layer, and for decode per token (one llama_decode call:
+    # the graph, the Python binding; ~0.7 ms here, 15% of a 60 MB probe's token)
+    fixed: tuple[str, ...] = ("layer",)
 
 
 def _decode_seconds(bandwidth: float) -> Callable[[_EngineRun], float | None]:
@@ -204,19 +214,20 @@ def _fit(runs: list[_EngineRun], kind: _Kind, repacked: frozenset[str]) -> dict[
         fitted[f"{kind.name}_efficiency"] = overall
     probes = [r for r in runs if r.probe is not None and kind.seconds(r)]
     probes = [r for r in probes if _plausible(r, kind, overall)]
-    costs, per_layer = _least_squares(probes, kind, repacked)
+    costs, fixed = _least_squares(probes, kind, repacked)
     if not costs.per_unit:
         if shipped is not None:  # no probes: the shipped model's figure for all its types
             for type_name in shipped.work[kind.units]:
                 fitted[f"{kind.name}_efficiency:{type_name}"] = overall or 0.0
         return fitted
-    fitted[f"{kind.name}_overhead_s_per_layer"] = per_layer
+    for name in kind.fixed:
+        fitted[f"{kind.name}_overhead_s_per_{name}"] = fixed.get(name, 0.0)
     for type_name, per_unit in costs.per_unit.items():
         fitted[f"{kind.name}_efficiency:{type_name}"] = kind.ideal_per_unit / per_unit
         fitted[f"{kind.name}_row_s:{type_name}"] = costs.per_row.get(type_name, 0.0)
     if shipped is not None and shipped.work["architecture"]:
         weights = costs.seconds(shipped.work[kind.units], shipped.work[kind.rows])
-        left = _seconds(shipped, kind) - weights
+        left = _seconds(shipped, kind) - weights - fixed.get("token", 0.0)
         key = f"{kind.name}_overhead_s_per_layer:{shipped.work['architecture']}"
         fitted[key] = max(0.0, left / max(1, shipped.work["n_layers"]))
     return fitted
@@ -237,25 +248,26 @@ def _plausible(run: _EngineRun, kind: _Kind, overall: float | None) -> bool:
     mix; a probe that slow was starved of CPU by other programs (llama.cpp's spinning
     threads collapse when a core is taken), so it is left out and its type falls back to the
     nearest measured one."""
-    if run.probe == OVERHEAD_PROBE or overall is None:
+    if (run.probe or "").startswith(OVERHEAD_PROBE) or overall is None:
         return True
     return _ideal(run, kind) / _seconds(run, kind) >= overall * MIN_RELATIVE_EFFICIENCY
 
 
 def _least_squares(
     probes: list[_EngineRun], kind: _Kind, repacked: frozenset[str]
-) -> tuple[KernelCosts, float]:
-    """Per-type seconds per unit and per row, and one per-layer cost, that best explain the
-    probes' times. A cost the data make negative (noise, or a type measured at one width
-    only) is dropped and the rest refitted; a type left without a per-unit cost is dropped."""
+) -> tuple[KernelCosts, dict[str, float]]:
+    """Per-type seconds per unit and per row, and the fixed costs (`kind.fixed`), that best
+    explain the probes' times. A cost the data make negative (noise, or a type measured at
+    one width only) is dropped and the rest refitted; a type left without a per-unit cost is
+    dropped."""
     types = sorted({t for run in probes for t in run.work[kind.units]})
-    columns = ["layer"] + [f"{what}:{t}" for t in types for what in ("unit", "row")]
+    columns = [*kind.fixed] + [f"{what}:{t}" for t in types for what in ("unit", "row")]
     while True:
         kept = {c.split(":", 1)[1] for c in columns if c.startswith("unit:")}
-        columns = [c for c in columns if c == "layer" or c.split(":", 1)[1] in kept]
+        columns = [c for c in columns if c in kind.fixed or c.split(":", 1)[1] in kept]
         fitted = [run for run in probes if set(run.work[kind.units]) <= kept]
         if not fitted:
-            return KernelCosts({}, {}, repacked), 0.0
+            return KernelCosts({}, {}, repacked), {}
         # a row cost needs rows of two lengths: one run of a type cannot tell it from bytes
         once = {t for t in kept if sum(t in run.work[kind.units] for run in fitted) < 2}
         columns = [c for c in columns if c.removeprefix("row:") not in once]
@@ -270,12 +282,15 @@ def _least_squares(
         columns = [c for c in columns if c not in negative]
     per_unit = {c.split(":", 1)[1]: v for c, v in coefficients.items() if c.startswith("unit:")}
     per_row = {c.split(":", 1)[1]: v for c, v in coefficients.items() if c.startswith("row:")}
-    return KernelCosts(per_unit, per_row, repacked), coefficients.get("layer", 0.0)
+    fixed = {c: v for c, v in coefficients.items() if c in kind.fixed}
+    return KernelCosts(per_unit, per_row, repacked), fixed
 
 
 def _column(run: _EngineRun, kind: _Kind, column: str) -> float:
     if column == "layer":
         return float(run.work["n_layers"])
+    if column == "token":
+        return 1.0
     what, type_name = column.split(":", 1)
     return float(run.work[kind.units if what == "unit" else kind.rows].get(type_name, 0))
 

@@ -180,7 +180,8 @@ class Machine:
         self, kind: str, units: dict[str, float], rows: dict[str, float], layers: int, arch: str
     ) -> float:
         """A token's CPU time for `kind`: its weights at their types' costs (the machine's
-        overall efficiency when no type was calibrated) and the fixed cost of its layers."""
+        overall efficiency when no type was calibrated), the fixed cost of its layers and,
+        for decode, of the token's own llama_decode call."""
         costs = self.cpu_costs(kind)
         if costs.per_unit:
             weights = costs.seconds(units, rows)
@@ -188,7 +189,8 @@ class Machine:
             ideal = 1 / self.cpu_bandwidth if kind == "decode" else 2 / self.cpu_flops
             overall = self.decode_efficiency if kind == "decode" else self.prefill_efficiency
             weights = sum(units.values()) * ideal / overall
-        return weights + layers * layer_seconds(self.kernel_figures, kind, arch)
+        per_token = self.kernel_figures.get(f"{kind}_overhead_s_per_token", 0.0)
+        return weights + layers * layer_seconds(self.kernel_figures, kind, arch) + per_token
 
 
 def plan(

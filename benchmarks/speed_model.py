@@ -21,6 +21,7 @@ import json
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import llama_cpp
@@ -33,8 +34,10 @@ from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.engine import Engine
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import spec_from_gguf
+from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_hardware
 from hearthside.kernels.calibrate import run_calibration
+from hearthside.kernels.memory import MemoryArrays, array_bytes_for, measure_memory
 from hearthside.kernels.synthetic_model import write_synthetic_gguf
 
 VARIANTS = {"Q8_0": 7, "Q4_0": 2, "Q2_K": 10}  # llama_ftype values
@@ -62,6 +65,17 @@ def models(shipped: Path, folder: Path) -> dict[str, Path]:
             folder / f"{shape}.gguf", shape, "Q4_0"
         )
     return found
+
+
+def ram_read_gb_s(profile: HardwareProfile) -> float:
+    """RAM read bandwidth on every core now, as the calibration measures it (a few seconds):
+    on a shared machine, a neighbour using the memory bus slows every model alike."""
+    threads = profile.cpu.logical_cores or 1
+    size = array_bytes_for(profile.cpu.l3_cache_bytes, profile.memory.available_bytes, quick=False)
+    arrays = MemoryArrays.allocate(size)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        measured = measure_memory("memory_read", arrays, threads, pool, budget_s=2, warmup_s=0.2)
+    return measured.value
 
 
 def measure_interleaved(engines: dict[str, Engine], rounds: int) -> dict[str, tuple[float, float]]:
@@ -114,7 +128,9 @@ def main() -> int:
                 flash_attn=predictions[name].config.flash_attn,
             )
             engines[name] = Engine(config)
+        ram_before = ram_read_gb_s(profile)
         measured = measure_interleaved(engines, args.rounds)
+        ram_after = ram_read_gb_s(profile)
     finally:
         for engine in engines.values():
             engine.close()
@@ -139,12 +155,32 @@ def main() -> int:
     within = all(
         abs(row[key] - 1) <= TOLERANCE for row in rows for key in ("decode_ratio", "prefill_ratio")
     )
+    ram = {
+        "calibration": round(figures.get("cpu_read_bytes_per_s", 0) / 1e9, 1),
+        "before_rounds": round(ram_before, 1),
+        "after_rounds": round(ram_after, 1),
+    }
     if args.save is not None:
-        args.save.write_text(json.dumps({"calibration": report.to_dict(), "rows": rows}))
+        saved = {"calibration": report.to_dict(), "rows": rows, "ram_read_gb_s": ram}
+        args.save.write_text(json.dumps(saved))
     if args.json:
-        print(json.dumps({"calibration": figures, "rows": rows, "within_20_percent": within}))
+        print(
+            json.dumps(
+                {
+                    "calibration": figures,
+                    "rows": rows,
+                    "ram_read_gb_s": ram,
+                    "within_20_percent": within,
+                }
+            )
+        )
     else:
         print(f"calibration: {report.duration_s:.1f} s")
+        print(
+            f"RAM read GB/s: {ram['calibration']} in the calibration, {ram['before_rounds']} "
+            f"before and {ram['after_rounds']} after the measured rounds (a shared machine's "
+            "neighbours change it; every ratio below carries that change)"
+        )
         print(
             f"{'model':28} {'sample':>6} {'decode pred/meas':>22} {'ratio':>6} "
             f"{'prefill pred/meas':>22} {'ratio':>6}"

@@ -111,6 +111,7 @@ def engine_weight(backends: Sequence[EngineBackend], probes: Sequence[SpeedProbe
 # --- speed probes ------------------------------------------------------------------------------
 
 OVERHEAD_PROBE = "overhead"
+SHORT_OVERHEAD_PROBE = "overhead-short"
 # plain 8-bit, repacked on AVX2/NEON, and the two K-quants of a Q4_K_M file
 PROBE_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K", "Q3_K")
 # matrices as narrow as a 0.5B model's and as wide as a 1.5B model's (K-quant rows: 256
@@ -123,19 +124,21 @@ PROBE_CACHE_MULTIPLE = 2  # weights this many times the last-level cache come fr
 
 @dataclass(frozen=True)
 class SpeedProbe:
-    name: str  # OVERHEAD_PROBE or "<type>@<width>"
+    name: str  # OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE or "<type>@<width>"
     type_name: str
     shape: SyntheticShape
 
 
 def speed_probes(cache_bytes: int | None) -> list[SpeedProbe]:
-    """The tiny overhead probe, then per PROBE_TYPES type one llama-shaped probe per
+    """The two tiny overhead probes, then per PROBE_TYPES type one llama-shaped probe per
     PROBE_WIDTHS width, each reading about PROBE_CACHE_MULTIPLE x the cache per token (within
     MIN/MAX_PROBE_BYTES)."""
     target = min(MAX_PROBE_BYTES, max(MIN_PROBE_BYTES, PROBE_CACHE_MULTIPLE * (cache_bytes or 0)))
-    # 16 layers of 64-wide blocks: almost no bytes, all the per-layer graph work
-    tiny = SyntheticShape("llama", 16, 64, 2, 1, 256, n_vocab=512)
-    probes = [SpeedProbe(OVERHEAD_PROBE, "Q8_0", tiny)]
+    # 16 and 2 layers of 64-wide blocks: almost no bytes, the costs per layer and per token
+    probes = [
+        SpeedProbe(name, "Q8_0", SyntheticShape("llama", layers, 64, 2, 1, 256, n_vocab=512))
+        for name, layers in ((OVERHEAD_PROBE, 16), (SHORT_OVERHEAD_PROBE, 2))
+    ]
     for type_name in PROBE_TYPES:
         for width in PROBE_WIDTHS:
             shape = _probe_shape(type_name, width, target)

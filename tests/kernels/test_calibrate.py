@@ -16,7 +16,12 @@ from hearthside.kernels.calibrate import (
     run_calibration,
     summarize_machine,
 )
-from hearthside.kernels.engine_run import OVERHEAD_PROBE, PROBE_TYPES, PROBE_WIDTHS
+from hearthside.kernels.engine_run import (
+    OVERHEAD_PROBE,
+    PROBE_TYPES,
+    PROBE_WIDTHS,
+    SHORT_OVERHEAD_PROBE,
+)
 from hearthside.kernels.measurement import NO_GPU_NOTE
 
 
@@ -65,7 +70,8 @@ def test_a_whole_calibration_fits_its_budget_with_every_figure(default_model_fil
     assert {"memory read, 1 thread(s)", "engine round 1", "disk read"} <= steps
     # the shipped model and every speed probe, timed in the same rounds
     runs = report.measured("engine_decode", "cpu")
-    assert {m.params.get("probe") for m in runs} == {None, OVERHEAD_PROBE, *probe_names()}
+    probes = {None, OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE, *probe_names()}
+    assert {m.params.get("probe") for m in runs} == probes
     assert len({m.repetitions for m in runs}) == 1
 
 

@@ -25,6 +25,7 @@ from hearthside.kernels.engine_run import (
     PROBE_WIDTHS,
     READ_BYTES,
     READ_ROWS,
+    SHORT_OVERHEAD_PROBE,
     EngineBackend,
     SpeedProbe,
     backend_label,
@@ -135,15 +136,16 @@ def test_the_planner_counts_a_token_the_way_the_calibration_does(
 def test_speed_probes_outgrow_the_cache_at_two_widths_and_fill_k_quant_blocks() -> None:
     probes = speed_probes(32 << 20)
     expected = [f"{t}@{w}" for t in PROBE_TYPES for w in PROBE_WIDTHS]
-    assert [probe.name for probe in probes] == [OVERHEAD_PROBE, *expected]
-    for probe in probes[1:]:
+    assert [probe.name for probe in probes] == [OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE, *expected]
+    assert [probe.shape.n_layers for probe in probes[:2]] == [16, 2]  # per layer, per token
+    for probe in probes[2:]:
         shape = probe.shape
         weights = shape.n_layers * 14.5 * shape.n_embd**2
         assert MIN_PROBE_BYTES * 0.7 < weights * type_bits(probe.type_name) / 8 < MAX_PROBE_BYTES
         assert shape.n_embd % 256 == 0 and shape.n_ff % 256 == 0
         assert shape.n_embd == int(probe.name.split("@")[1])
     # capped: a server's cache is not read twice over, and all probes are loaded at once
-    for probe in speed_probes(1 << 30)[1:]:
+    for probe in speed_probes(1 << 30)[2:]:
         shape = probe.shape
         layer_bytes = 14.5 * shape.n_embd**2 * type_bits(probe.type_name) / 8
         assert (shape.n_layers - 0.5) * layer_bytes <= MAX_PROBE_BYTES
