@@ -61,7 +61,7 @@ from hearthside.kernels.memory import (
 from hearthside.kernels.results import SCHEMA_VERSION, CalibrationReport, hearthside_version
 from hearthside.kernels.torch_support import cpu_device, gpu_devices, import_torch
 
-DEFAULT_BUDGET_S = 90.0
+DEFAULT_BUDGET_S = 120.0
 QUICK_BUDGET_S = 8.0
 PLANNING_SHARE = 0.85
 # Past this share of the budget the remaining kernels are skipped; the rest of the budget is

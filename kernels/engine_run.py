@@ -119,7 +119,7 @@ PROBE_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K", "Q3_K")
 PROBE_WIDTHS = (512, 1536)
 MIN_PROBE_BYTES = 48 << 20
 MAX_PROBE_BYTES = 128 << 20  # all probes are loaded at once: ~1.5 GB at most
-PROBE_CACHE_MULTIPLE = 2  # weights this many times the last-level cache come from RAM
+PROBE_CACHE_MULTIPLE = 4  # weights this many times the last-level cache come from RAM
 
 
 @dataclass(frozen=True)

@@ -757,7 +757,9 @@ class FoundPage(QWizardPage):
         layout.addSpacing(10)
         self.calibration = _label()
         layout.addWidget(self.calibration)
-        self.calibrate_box = QCheckBox("&Calibrate this machine first (about 10 s)")
+        self.calibrate_box = QCheckBox(
+            f"&Calibrate this machine first (about {CALIBRATION_BUDGET_S / 60:.0f} min)"
+        )
         self.calibrate_box.setToolTip(
             "Measures memory bandwidth, matrix speed, the disk and the engine, so the "
             "predictions fit this machine."
@@ -783,7 +785,7 @@ class FoundPage(QWizardPage):
                 f"Calibrated: {describe_figures(found.calibration)}. Predictions use these figures."
             )
             self.calibrate_box.setText(
-                f"&Calibrate again first (about {CALIBRATION_BUDGET_S:.0f} s)"
+                f"&Calibrate again first (about {CALIBRATION_BUDGET_S / 60:.0f} min)"
             )
         else:
             self.calibration.setText(

@@ -141,7 +141,8 @@ def test_speed_probes_outgrow_the_cache_at_two_widths_and_fill_k_quant_blocks() 
     for probe in probes[2:]:
         shape = probe.shape
         weights = shape.n_layers * 14.5 * shape.n_embd**2
-        assert MIN_PROBE_BYTES * 0.7 < weights * type_bits(probe.type_name) / 8 < MAX_PROBE_BYTES
+        probe_bytes = weights * type_bits(probe.type_name) / 8
+        assert MIN_PROBE_BYTES * 0.7 < probe_bytes < MAX_PROBE_BYTES * 1.3  # whole layers
         assert shape.n_embd % 256 == 0 and shape.n_ff % 256 == 0
         assert shape.n_embd == int(probe.name.split("@")[1])
     # capped: a server's cache is not read twice over, and all probes are loaded at once
