@@ -300,19 +300,19 @@ class _Member:
             return not_measured(SKIPPED_NOTE)
         method = f"llama.cpp llama_decode on random tokens, {self.engine.model_path.name}"
         rounds = f"the median of {len(self.decode)} interleaved rounds"
-        threads = self.engine.config
+        config = self.engine.config
         return [
             _over_rounds(
                 "engine_prefill",
                 self.prefill,
                 f"{method}, one batch of {self.n_prompt}, {rounds}",
-                {**self.params, "n_prompt": self.n_prompt, "threads": threads.batch_threads},
+                {**self.params, "n_prompt": self.n_prompt, "threads": config.batch_threads},
             ),
             _over_rounds(
                 "engine_decode",
                 self.decode,
                 f"{method}, {self.n_gen} tokens one at a time, {rounds}",
-                {**self.params, "n_gen": self.n_gen, "threads": threads.decode_threads},
+                {**self.params, "n_gen": self.n_gen, "threads": config.decode_threads},
             ),
         ]
 
