@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from hearthside.autotune.calibration import LEARNED
+from hearthside.autotune.calibration import LEARNED, logits_seconds
 from hearthside.autotune.cpu_costs import KernelCosts, bits_per_weight, layer_seconds
 from hearthside.autotune.memory import (
     CPU,
@@ -552,11 +552,6 @@ def _speed(
         learned_decode=learned_decode,
         learned_prefill=learned_prefill,
     )
-
-
-def logits_seconds(n_vocab: int, bandwidth: float) -> float:
-    """Each token's logits are written by llama.cpp and copied once by llama-cpp-python."""
-    return 2 * n_vocab * 4 / bandwidth
 
 
 def _bandwidth(machine: Machine, device: str) -> float:
