@@ -6,14 +6,16 @@
 
 Everything goes into .venv beside this file. llama-cpp-python is compiled for this machine's
 GPU (CUDA for the NVIDIA architectures found, HIP for AMD gfx targets, Metal on Apple
-Silicon, else the CPU; `--backend cpu|cuda|hip|metal|vulkan` overrides); CPU builds come
-from pip's cache after the first time. Uses only the standard library, so any Python 3.11+
+Silicon, else the CPU with its own instruction sets but without AMX; `--backend
+cpu|cuda|hip|metal|vulkan` overrides); CPU builds are kept per set of flags in the user's cache
+folder, so later setups install them in seconds. The build then proves itself: a child process
+loads the default model and decodes a few tokens, and a build that crashes is rebuilt with
+safer flags (core/probe/engine_ladder.py). Uses only the standard library, so any Python 3.11+
 runs it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -25,12 +27,8 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 MIN_PYTHON = (3, 11)
 BACKENDS = ("auto", "cpu", "cuda", "hip", "metal", "vulkan")
-CPU_BUILD = {
-    "backend": "cpu",
-    "env": {"CMAKE_ARGS": "-DGGML_NATIVE=on"},
-    "reasons": [],
-    "warnings": [],
-}
+# Standard library only, like this file: it chooses the build, compiles it, and self-tests it.
+ENGINE_LADDER = ROOT / "core" / "probe" / "engine_ladder.py"
 
 
 def venv_python() -> Path:
@@ -57,28 +55,6 @@ def pop_backend(args: list[str]) -> str:
     if backend not in BACKENDS:
         sys.exit(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
     return backend
-
-
-def choose_engine_build(backend: str) -> dict:
-    """Build flags for llama.cpp from a quick look at this machine's GPUs.
-
-    core/probe/engine_build.py needs only the standard library, so it runs before anything
-    is installed; `hearthside engine rebuild` uses the same choice later.
-    """
-    chooser = [sys.executable, str(ROOT / "core" / "probe" / "engine_build.py"), "--json"]
-    completed = subprocess.run(
-        [*chooser, "--backend", backend], capture_output=True, text=True, check=False
-    )
-    try:
-        build = json.loads(completed.stdout)
-    except json.JSONDecodeError:
-        say("could not look for GPUs; building the engine for the CPU")
-        return CPU_BUILD
-    for reason in build["reasons"]:
-        say(reason)
-    for warning in build["warnings"]:
-        say(f"warning: {warning}")
-    return build
 
 
 def engine_installed() -> bool:
@@ -138,17 +114,11 @@ def install_debian_packages(names: tuple[str, ...]) -> None:
 
 def install(extras: str, backend: str) -> None:
     pip = [venv_python(), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    if not engine_installed():
-        build = choose_engine_build(backend)
-        env = {**os.environ, **build["env"]}
-        if "CMAKE_ARGS" in os.environ:
-            env["CMAKE_ARGS"] = os.environ["CMAKE_ARGS"]  # the user's own flags win
+    just_built = not engine_installed()
+    if just_built:
         say("compiling llama.cpp for this machine (the first time takes 5-10 minutes)")
-        # A GPU build must not come from pip's cache of an earlier CPU build (or a wheel).
-        fresh = (
-            [] if build["backend"] == "cpu" else ["--no-cache-dir", "--no-binary=llama-cpp-python"]
-        )
-        run([*pip, *fresh, "llama-cpp-python>=0.3.36"], env=env)
+        ladder = [sys.executable, ENGINE_LADDER, "install", "--python", venv_python()]
+        run([*ladder, "--backend", backend])
     elif backend != "auto":
         say(
             "the engine is already built; "
@@ -157,6 +127,33 @@ def install(extras: str, backend: str) -> None:
     target = f".[{extras}]" if extras else "."
     say(f"installing Hearthside{f' [{extras}]' if extras else ''}")
     run([*pip, "-e", target])
+    prove_engine(backend, just_built=just_built)
+
+
+def venv_output(code: str) -> str:
+    """What a line of Python prints in the new environment (Hearthside installed there)."""
+    completed = subprocess.run(
+        [str(venv_python()), "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return completed.stdout.strip()
+
+
+def prove_engine(backend: str, *, just_built: bool) -> None:
+    """Load the default model in a child process and decode a few tokens; if the build crashes,
+    rebuild it with the next safer flags (core/probe/engine_ladder.py). A build that passed
+    for these very libraries before is not tested again."""
+    say("checking the engine build on this machine")
+    model = venv_output(
+        "from hearthside.core.models.default_model import cached_default_model_file as f; "
+        "print(f())"
+    )
+    data = venv_output("from hearthside.core.paths import data_dir; print(data_dir())")
+    command = [
+        sys.executable, ENGINE_LADDER, "prove", "--python", venv_python(), "--backend", backend,
+        "--model", model, "--data-folder", data, *(["--just-built"] if just_built else []),
+    ]  # fmt: skip
+    if subprocess.call([str(part) for part in command], cwd=ROOT) != 0:
+        sys.exit("Hearthside cannot run models on this machine (see the messages above).")
 
 
 def run_app(args: list[str]) -> int:

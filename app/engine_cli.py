@@ -1,15 +1,18 @@
-"""`hearthside engine ...`: show what the installed llama.cpp can drive, and rebuild it for
-this machine's GPUs (`engine rebuild [--dry-run] [--backend ...]`)."""
+"""`hearthside engine ...`: show what the installed llama.cpp can drive and how its build
+proved itself (`engine info [--json]`), self-test it again (`engine selftest`), and rebuild it
+for this machine (`engine rebuild [--dry-run] [--backend ...]`), climbing the build ladder
+until a build passes its self-test (core/probe/engine_ladder.py)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import subprocess
+import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from pathlib import Path
 
+from hearthside.core.paths import data_dir
 from hearthside.core.probe.base import ProbeContext
 from hearthside.core.probe.engine import built_backend
 from hearthside.core.probe.engine import probe as probe_engine
@@ -17,10 +20,23 @@ from hearthside.core.probe.engine_build import (
     BACKENDS,
     EngineBuild,
     GpuTarget,
-    choose_build,
-    pip_command,
+    build_ladder,
     quick_gpu_scan,
+    read_cpu_flags,
     shell_command,
+)
+from hearthside.core.probe.engine_ladder import (
+    AS_INSTALLED,
+    Attempt,
+    EngineRecord,
+    EngineUnusableError,
+    SelfTest,
+    install_build,
+    library_identity,
+    prove_engine,
+    read_record,
+    run_self_test,
+    write_record,
 )
 from hearthside.core.probe.profile import GpuInfo
 
@@ -29,7 +45,7 @@ GPU_PROBE_VENDORS = ("nvidia", "amd", "apple")
 EXIT_OK = 0
 EXIT_FAILED = 1
 
-PipRunner = Callable[[Sequence[str], Mapping[str, str]], int]
+Installer = Callable[[EngineBuild], bool]
 
 
 def add_engine_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,8 +55,15 @@ def add_engine_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         description="Inspect the installed llama.cpp engine or rebuild it for this machine.",
     )
     commands = engine.add_subparsers(dest="engine_command", metavar="COMMAND", required=True)
-    info = commands.add_parser("info", help="show the engine's backends and devices")
+    info = commands.add_parser(
+        "info", help="show the engine's backends, devices, build flags and self-test"
+    )
+    info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(handler=_show_info)
+    selftest = commands.add_parser(
+        "selftest", help="load the default model in a child process and decode a few tokens"
+    )
+    selftest.set_defaults(handler=_self_test)
     rebuild = commands.add_parser(
         "rebuild", help="recompile llama-cpp-python for this machine's GPUs"
     )
@@ -97,6 +120,10 @@ def _probe_vendor(module_name: str, ctx: ProbeContext) -> tuple[GpuInfo, ...] | 
 def _show_info(args: argparse.Namespace) -> int:
     result = probe_engine(ProbeContext())
     engine = result.engine
+    record = read_record(data_dir())
+    if args.json:
+        print(json.dumps(info_payload(engine, record), indent=2))
+        return EXIT_OK if engine is not None else EXIT_FAILED
     if engine is not None:
         print(f"llama-cpp-python {engine.package_version or 'unknown'}")
         print(
@@ -110,9 +137,70 @@ def _show_info(args: argparse.Namespace) -> int:
                 else ""
             )
             print(f"  {device.name} ({device.kind}): {device.description}{memory}")
+    for line in build_lines(record):
+        print(line)
     for error in result.errors:
         print(f"warning: {error.message}", file=sys.stderr)
     return EXIT_OK if engine is not None else EXIT_FAILED
+
+
+def info_payload(engine: object, record: EngineRecord | None) -> dict[str, object]:
+    """`engine info --json`: the engine probe plus the build record and whether it is current."""
+    from dataclasses import asdict, is_dataclass
+
+    return {
+        "engine": asdict(engine) if is_dataclass(engine) and not isinstance(engine, type) else None,
+        "build": record.to_dict() if record is not None else None,
+        "self_test_current": record is not None and self_test_is_current(record),
+    }
+
+
+def self_test_is_current(record: EngineRecord) -> bool:
+    """The record's self-test was run on the libraries installed now."""
+    return bool(record.self_test.library) and record.self_test.library == library_identity()
+
+
+def build_lines(record: EngineRecord | None) -> list[str]:
+    """How the installed build was chosen and proved itself, for people."""
+    if record is None:
+        return ["build: not recorded (run `hearthside engine selftest`)"]
+    build = record.build
+    lines = [f"build: {build.summary} ({build.rung})"]
+    if build.cmake_args:
+        lines.append(f"  flags: {' '.join(build.cmake_args)}")
+    lines += [f"  why: {reason}" for reason in build.reasons]
+    test = record.self_test
+    when = record.recorded_at[:16].replace("T", " ")
+    lines.append(f"self-test: {test.in_words()} on {when}")
+    if not self_test_is_current(record):
+        lines.append("  (the engine changed since; run `hearthside engine selftest`)")
+    for attempt in record.attempts[:-1]:
+        lines.append(f"  earlier: {attempt.build.summary}: {attempt.result.in_words()}")
+    return lines
+
+
+def _self_test(args: argparse.Namespace) -> int:
+    """Test the installed build as it is, and record the outcome (no rebuild)."""
+    record = read_record(data_dir())
+    build = record.build if record is not None else AS_INSTALLED
+    print("Testing the engine on this machine …", flush=True)
+    result = run_self_test(sys.executable, self_test_model())
+    print(f"The engine ({build.summary}) {result.in_words()}.")
+    if not result.passed:
+        for line in result.log_tail[-10:]:
+            print(f"  {line}", file=sys.stderr)
+        print("`hearthside engine rebuild` builds it with safer flags.", file=sys.stderr)
+    attempts = (*(record.attempts if record else ()), Attempt(build, result))
+    write_record(
+        data_dir(), EngineRecord(build, result, f"Self-test: {result.in_words()}.", attempts)
+    )
+    return EXIT_OK if result.passed else EXIT_FAILED
+
+
+def self_test_model() -> Path:
+    from hearthside.core.models.default_model import cached_default_model_file
+
+    return cached_default_model_file()
 
 
 def _rebuild(args: argparse.Namespace) -> int:
@@ -124,21 +212,34 @@ def rebuild(
     *,
     dry_run: bool = False,
     ctx: ProbeContext | None = None,
-    run_pip: PipRunner | None = None,
+    install: Installer | None = None,
+    self_test: Callable[[], SelfTest] | None = None,
 ) -> int:
-    """Choose the build, print why and the exact command; unless `dry_run`, run it."""
+    """Choose the build, print why and the command; unless `dry_run`, compile it, self-test
+    it, and fall back along the ladder until a build passes. The outcome is recorded."""
     ctx = ctx or ProbeContext()
-    build = choose_build(
-        detect_gpu_targets(ctx), platform=ctx.platform, machine=ctx.machine, backend=backend
+    ladder = build_ladder(
+        detect_gpu_targets(ctx),
+        platform=ctx.platform,
+        machine=ctx.machine,
+        backend=backend,
+        cpu_flags=read_cpu_flags(ctx.root),
     )
-    _print_plan(build)
+    _print_plan(ladder[0])
     if dry_run:
         return EXIT_OK
-    code = (run_pip or _stream_pip)(pip_command(build, sys.executable), build.env)
-    if code != 0:
-        print(f"error: the rebuild failed (pip exited with {code}).", file=sys.stderr)
+    try:
+        record = prove_engine(
+            ladder,
+            install=install or (lambda build: install_build(build, sys.executable, say=print)),
+            self_test=self_test or (lambda: run_self_test(sys.executable, self_test_model())),
+            say=lambda text: print(text, flush=True),
+        )
+    except EngineUnusableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    print(f"Rebuilt llama-cpp-python for {build.backend}. Restart Hearthside to use it.")
+    write_record(data_dir(), record)
+    print(f"Rebuilt llama-cpp-python: {record.build.summary}. Restart Hearthside to use it.")
     return EXIT_OK
 
 
@@ -150,9 +251,3 @@ def _print_plan(build: EngineBuild) -> None:
         print(f"  warning: {warning}")
     print("Command:")
     print(f"  {shell_command(build, sys.executable)}")
-
-
-def _stream_pip(command: Sequence[str], env: Mapping[str, str]) -> int:
-    """Runs pip with its output going straight to this terminal (the build takes minutes)."""
-    print("Compiling llama.cpp; this takes 5-10 minutes …", flush=True)
-    return subprocess.call(list(command), env={**os.environ, **env})

@@ -158,13 +158,12 @@ def _short(config: EngineConfig) -> str:
 
 
 def _default_model() -> Path:
-    from hearthside.core.models.default_model import ensure_default_model
-    from hearthside.core.models.store import ModelStore, resolve_model_path
+    from hearthside.core.models.default_model import ensure_gemma_model
+    from hearthside.core.models.store import ModelStore
     from hearthside.core.paths import data_dir
 
     with ModelStore(data_dir()) as store:
-        ensure_default_model(store)
-        return resolve_model_path(store, "default")
+        return ensure_gemma_model(store).path
 
 
 def _say(text: str) -> None:

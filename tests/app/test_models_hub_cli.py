@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hearthside.app.models_cli import add_models_parser
-from hearthside.core.models.default_model import DEFAULT_MODEL_SHA256
+from hearthside.core.models.default_model import GEMMA_MODEL_SHA256
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from tests.hub_server import HubServer, write_llama_gguf
@@ -155,7 +155,7 @@ def test_pull_the_real_model_then_quantize_default_q4_0(
     assert "Q4_0" in rows[2]
     assert run_models("list", "--json") == 0
     models = {m["id"]: m for m in json.loads(capsys.readouterr().out)["models"]}
-    assert models["gemma-3-270m-q4_k_m"]["sha256"] == DEFAULT_MODEL_SHA256
+    assert models["gemma-3-270m-q4_k_m"]["sha256"] == GEMMA_MODEL_SHA256
     assert models["gemma-3-270m-q4_k_m"]["source"] == f"hub:{GEMMA_REPO}/{GEMMA_FILE}"
     assert models["gemma-3-270m-q4_0"]["variant_of"] == "gemma-3-270m-q4_k_m"
 

@@ -10,7 +10,7 @@ import llama_cpp
 import pytest
 
 from hearthside.core.errors import ModelStoreError
-from hearthside.core.models.default_model import DEFAULT_MODEL_NAME
+from hearthside.core.models.default_model import GEMMA_MODEL_NAME
 from hearthside.core.models.quantize import (
     QUANT_TYPES,
     QuantizeCancelled,
@@ -36,7 +36,7 @@ def default_model(store: ModelStore, default_model_file: Path) -> ModelRecord:
     record = store.add(
         default_model_file,
         link=True,
-        name=DEFAULT_MODEL_NAME,
+        name=GEMMA_MODEL_NAME,
         licence="Gemma terms",
         check_native=False,  # not the point here, and a second per test
     )

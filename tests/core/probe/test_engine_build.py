@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -193,5 +194,10 @@ def test_runs_as_a_plain_script_without_hearthside() -> None:
     )
     payload = json.loads(result.stdout)
     assert payload["backend"] == "cpu"  # this machine has no GPU
-    assert payload["env"] == {"CMAKE_ARGS": "-DGGML_NATIVE=on"}
+    if platform.machine() in ("x86_64", "AMD64"):  # this CPU's own flags, AMX never
+        assert payload["rung"] == "cpu-features"
+        assert "-DGGML_NATIVE=OFF" in payload["env"]["CMAKE_ARGS"]
+        assert "-DGGML_AMX_INT8=OFF" in payload["env"]["CMAKE_ARGS"]
+    else:
+        assert payload["env"] == {"CMAKE_ARGS": "-DGGML_NATIVE=on"}
     assert payload["pip_command"][-1].startswith("llama-cpp-python==")
