@@ -158,7 +158,8 @@ def prove_engine(backend: str, *, just_built: bool) -> None:
 
 def run_app(args: list[str]) -> int:
     say("installing the default model if needed")
-    run([venv_python(), "-m", "hearthside.app.cli", "models", "install-default"])
+    # its report goes to stderr with ours: stdout is the app's (`chat --prompt` prints the answer)
+    run([venv_python(), "-m", "hearthside.app.cli", "models", "install-default"], stdout=sys.stderr)
     offer_launcher()
     return subprocess.call([venv_python(), "-m", "hearthside.app.cli", *args], cwd=ROOT)
 

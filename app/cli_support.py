@@ -4,24 +4,67 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
-from hearthside.core.errors import HearthsideError
+from hearthside.core.errors import describe_error
+from hearthside.core.logs import (
+    claim_new_crash_reports,
+    crash_notice,
+    enable_crash_reports,
+    setup_logging,
+)
+from hearthside.core.paths import data_dir
 
 EXIT_ERROR = 2
 Handler = Callable[[argparse.Namespace], int]
+log = logging.getLogger(__name__)
+
+
+def hearthside_version() -> str:
+    try:
+        return version("hearthside")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def start_logging(process: str) -> Path:
+    """What an entry point does first, once per process: log to the data dir's log file and
+    keep a crash report open for `process` (e.g. "hearthside chat"); the log file's path."""
+    root = data_dir()
+    path = setup_logging(root)
+    release = hearthside_version()
+    enable_crash_reports(process, release, root)
+    log.info("%s %s started", process, release)
+    return path
+
+
+def announce_crash_reports() -> None:
+    """One stderr line when an earlier run left a crash report nobody has mentioned yet."""
+    reports = claim_new_crash_reports()
+    if reports:
+        print(crash_notice(reports), file=sys.stderr)
+
+
+def error_line(error: Exception) -> str:
+    """`error: ...` for stderr: our message and hint, or a sentence naming the log file (where
+    the traceback of anything unexpected went)."""
+    return f"error: {describe_error(error)}"
 
 
 def reports_errors(handler: Handler) -> Handler:
-    """Print a HearthsideError as `error: message` + hint on stderr and exit with 2."""
+    """Print an error as `error: message` + hint on stderr and exit with 2; an unexpected one
+    leaves its traceback in the log file instead of on the terminal."""
 
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except HearthsideError as exc:
-            print(f"error: {exc.user_text()}", file=sys.stderr)
+        except Exception as exc:
+            print(error_line(exc), file=sys.stderr)
             return EXIT_ERROR
 
     return run

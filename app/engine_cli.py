@@ -35,6 +35,7 @@ from hearthside.core.probe.engine_ladder import (
     library_identity,
     prove_engine,
     read_record,
+    record_rows,
     run_self_test,
     write_record,
 )
@@ -162,21 +163,8 @@ def self_test_is_current(record: EngineRecord) -> bool:
 
 def build_lines(record: EngineRecord | None) -> list[str]:
     """How the installed build was chosen and proved itself, for people."""
-    if record is None:
-        return ["build: not recorded (run `hearthside engine selftest`)"]
-    build = record.build
-    lines = [f"build: {build.summary} ({build.rung})"]
-    if build.cmake_args:
-        lines.append(f"  flags: {' '.join(build.cmake_args)}")
-    lines += [f"  why: {reason}" for reason in build.reasons]
-    test = record.self_test
-    when = record.recorded_at[:16].replace("T", " ")
-    lines.append(f"self-test: {test.in_words()} on {when}")
-    if not self_test_is_current(record):
-        lines.append("  (the engine changed since; run `hearthside engine selftest`)")
-    for attempt in record.attempts[:-1]:
-        lines.append(f"  earlier: {attempt.build.summary}: {attempt.result.in_words()}")
-    return lines
+    current = record is not None and self_test_is_current(record)
+    return [f"{label.lower()}: {text}" for label, text in record_rows(record, current)]
 
 
 def _self_test(args: argparse.Namespace) -> int:

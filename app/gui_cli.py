@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from hearthside.app.cli_support import EXIT_ERROR, error_line, start_logging
 from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import data_dir
 from hearthside.core.settings import Settings
@@ -81,11 +82,12 @@ def gui_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="hearthside gui")
     add_gui_arguments(parser)
     args = parser.parse_args(list(argv))
+    start_logging("hearthside gui")
     try:
         return run_gui_command(args)
-    except HearthsideError as exc:
-        print(f"error: {exc.user_text()}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        print(error_line(exc), file=sys.stderr)
+        return EXIT_ERROR
 
 
 def run_gui_command(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hearthside.app.terminal_chat import config_for, config_of, loading_note, status
+from hearthside.app.terminal_chat import config_for, start_loading, status
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.remote import RemoteConfig
 from hearthside.core.engine.service import EngineService
@@ -47,14 +47,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_serve(args: argparse.Namespace) -> int:
     chosen = config_for(args.model, args.ctx, None, None)
-    config = config_of(chosen)
     api_key = None
     if not args.no_key:
         api_key = load_or_create_api_key(args.api_key_file or data_dir() / "api_key")
     check_bind_is_safe(args.host, api_key)  # before the model loads: fail fast
     with EngineService(max_queue=args.max_queue) as service:
-        status(loading_note(chosen))
-        loaded = service.load(config).result()
+        loaded = start_loading(service, chosen).result()
         settings = ServerSettings(
             host=args.host,
             port=args.port,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -106,13 +107,23 @@ def config_of(chosen: LoadSettings | RemoteConfig) -> EngineConfig | RemoteConfi
     return chosen if isinstance(chosen, RemoteConfig) else chosen.config
 
 
+def start_loading(
+    service: EngineService,
+    chosen: LoadSettings | RemoteConfig,
+    note: Callable[[str], None] = status,
+) -> Job[EngineConfig | RemoteConfig]:
+    """Load `chosen` in `service`, saying what loads and why (a back-off to settings that fit
+    included); where llama.cpp still cannot allocate them, smaller ones are tried and `note`
+    hears that too. The job's result is the config as loaded."""
+    note(loading_note(chosen))
+    return service.load(config_of(chosen), on_retry=note)
+
+
 def _start_service(options: ChatOptions) -> EngineService:
     chosen = config_for(options.model, options.n_ctx, options.n_threads, options.n_threads_batch)
-    config = config_of(chosen)
     service = EngineService().start()
-    status(loading_note(chosen))
     try:
-        service.load(config).result()
+        start_loading(service, chosen).result()
     except BaseException:
         service.stop()
         raise

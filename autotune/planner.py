@@ -203,13 +203,15 @@ def plan(
     calibration: dict[str, float] | None = None,
     expert_placement: bool = True,
     pieces: Sequence[WeightPiece] | None = None,
+    n_ubatch: int | None = None,
 ) -> Plan:
     """The settings for `spec` on `profile`. `calibration` may give measured
     "cpu_read_bytes_per_s", "cpu_flops", "disk_read_bytes_per_s", and the engine's costs
     against them (`autotune.calibration.engine_efficiency`); `expert_placement=False`
     limits a MoE to whole-layer offload (what tools without `-ot` can do); `pieces`, the
     model file's tensors (`pieces_from_gguf`), size it tensor by tensor rather than by the
-    spec's groups."""
+    spec's groups; `n_ubatch` plans with smaller micro-batches than the engine's default
+    (smaller compute buffers)."""
     machine = describe_machine(profile, calibration or {})
     contexts = _contexts(spec, goal, n_ctx)
     recipes = matching(spec, profile)
@@ -217,15 +219,16 @@ def plan(
     numa = _recipe_setting(recipes, "numa", "off")
     if pieces is None:
         pieces = pieces_from_spec(spec)  # once: sizing each candidate from the spec is slow
-    candidates = [
-        _evaluate(spec, machine, config, free_margin_bytes, pieces)
-        for config in _configs(spec, machine, contexts, profile, expert_placement, preferred_kv)
-    ]
+
+    def evaluated(kv_types: Sequence[str]) -> list[Candidate]:
+        configs = _configs(spec, machine, contexts, profile, expert_placement, kv_types)
+        if n_ubatch is not None:
+            configs = [config.with_changes(n_ubatch=n_ubatch) for config in configs]
+        return [_evaluate(spec, machine, config, free_margin_bytes, pieces) for config in configs]
+
+    candidates = evaluated(preferred_kv)
     if not any(c.fits for c in candidates) and tuple(preferred_kv) != KV_CHOICES:
-        candidates = [  # a recipe's preference yields when nothing else fits
-            _evaluate(spec, machine, config, free_margin_bytes, pieces)
-            for config in _configs(spec, machine, contexts, profile, expert_placement, KV_CHOICES)
-        ]
+        candidates = evaluated(KV_CHOICES)  # a recipe's preference yields when nothing else fits
     candidates = [replace(c, config=c.config.with_changes(numa=numa)) for c in candidates]
     fitting = [candidate for candidate in candidates if candidate.fits]
     pool = fitting or [c for c in candidates if c.streams_from_disk]

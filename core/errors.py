@@ -1,10 +1,18 @@
 """The typed errors every layer raises and every edge (CLI, GUI, API) shows.
 
 Each error carries a plain message for the user and, where there is one, the next thing to
-try. Messages never contain tracebacks or keys.
+try. Messages never contain tracebacks or keys. `describe_error` is the one place that turns
+any exception into words for the user: ours by their text, anything else by one sentence
+naming the log file, where its traceback went.
 """
 
 from __future__ import annotations
+
+import logging
+
+from hearthside.core.logs import setup_logging
+
+log = logging.getLogger(__name__)
 
 
 class HearthsideError(Exception):
@@ -52,3 +60,17 @@ class QueueFullError(EngineError):
 
 class JobCancelledError(EngineError):
     """A job was cancelled before it started."""
+
+
+def describe_error(error: BaseException) -> str:
+    """What to tell the user about `error`.
+
+    A HearthsideError is its message and hint. Anything else is a bug or a failure nobody
+    foresaw: its traceback goes to the log file (set up here if the entry point has not done
+    so yet, so the file named really holds it) and the user reads one sentence naming that file.
+    """
+    if isinstance(error, HearthsideError):
+        return error.user_text()
+    path = setup_logging()
+    log.error("unexpected %s", type(error).__name__, exc_info=error)
+    return f"Something went wrong ({type(error).__name__}). The details are in {path}."

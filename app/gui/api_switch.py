@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from hearthside.app.gui.workers import BackgroundTask, run_in_background
-from hearthside.core.errors import EngineError, HearthsideError
+from hearthside.core.errors import EngineError, describe_error
 from hearthside.core.paths import data_dir, make_private_file
 
 if TYPE_CHECKING:
@@ -138,10 +138,7 @@ def plain_error(error: BaseException, port: int) -> str:
             f"The API could not start on port {port}: another program is probably using it. "
             "Choose another port and turn it on again."
         )
-    if isinstance(error, HearthsideError):
-        return error.user_text()
-    log.error("the local API failed to start", exc_info=error)
-    return f"The local API could not start ({type(error).__name__})."
+    return describe_error(error)
 
 
 # ---- the widget ------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ Only one app runs per user and data dir (`single_instance`): a second launch rai
 window and exits. The window and the engine module are imported inside `HearthsideApp`, after
 that check, so a second launch never pays for them.
 
+While the app runs, an exception nobody caught is logged and shown in the message bar
+(`uncaught`), and a crash report an earlier run left is mentioned there once.
+
 The window is shown before the engine exists: importing the engine (llama_cpp, numpy) and the
 model store takes seconds on a slow machine, so `HearthsideApp` builds the window without an
 EngineService, and once the window has been painted it imports and starts the engine, attaches
@@ -41,10 +44,12 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QStyleFactory
 
 from hearthside.app.gui.icons import app_icon
 from hearthside.app.gui.single_instance import ActivationRequest, claim_instance, instance_key
+from hearthside.app.gui.uncaught import UncaughtErrorReporter
 from hearthside.app.gui.window_state import APPLICATION, ORGANIZATION
 from hearthside.app.gui_cli import ALREADY_RUNNING_NOTICE
 from hearthside.app.launcher import APP_ID
 from hearthside.core.errors import HearthsideError
+from hearthside.core.logs import claim_new_crash_reports, crash_notice
 from hearthside.core.paths import data_dir
 
 if TYPE_CHECKING:
@@ -196,6 +201,17 @@ class HearthsideApp(QObject):
         self._first_paint = _FirstPaintWatcher(self.window, self._start_engine)
         self._smoke = SmokeRun(self) if options.smoke else None
         self._stopped = False
+        self._uncaught = UncaughtErrorReporter(self._show_error_text, self)
+        self._uncaught.install()
+        self._mention_crash_reports()
+
+    def _show_error_text(self, text: str) -> None:
+        self.window.message_bar.show_text(text, error=True)
+
+    def _mention_crash_reports(self) -> None:
+        reports = claim_new_crash_reports()
+        if reports:
+            self.window.message_bar.show_text(crash_notice(reports), error=False)
 
     def start(self) -> None:
         """Show the window with the last chat; the engine starts once it has been painted."""
@@ -235,6 +251,7 @@ class HearthsideApp(QObject):
         self.window.shutdown()
         if self.service is not None:
             self.service.stop(ENGINE_STOP_TIMEOUT_S)
+        self._uncaught.uninstall()
 
     @Slot(Qt.ColorScheme)
     def _on_color_scheme_changed(self, scheme: Qt.ColorScheme) -> None:

@@ -73,6 +73,7 @@ class EngineBridge(QObject):
     load_started = Signal(str)  # the model's display name
     load_finished = Signal(object)  # LoadedModel
     load_failed = Signal(object)  # Exception
+    load_retried = Signal(str)  # why the model is being loaded again with smaller settings
     reply_started = Signal()
     text_flushed = Signal(str)  # the text that arrived since the last flush
     speculation_live = Signal(object)  # SpeculationStats of the running reply, when they change
@@ -147,14 +148,13 @@ class EngineBridge(QObject):
         self.stop()
         self._loaded = None
         name = name or Path(config.model_path).stem
-        load_job = self.service.load(config)
+        # emitted on the engine thread; Qt queues it to the window's
+        load_job = self.service.load(config, on_retry=self.load_retried.emit)
 
         def describe(engine: LoadedEngine) -> LoadedModel:
-            from hearthside.core.engine.remote import RemoteEngine
-
-            # A remote's config as connected names the model it chose and the server's context.
-            loaded = engine.config if isinstance(engine, RemoteEngine) else config
-            return LoadedModel(loaded, engine.n_ctx, name, model_id)
+            # As loaded: a remote's names the model it chose and the server's context; a local
+            # one's may be smaller than asked, when llama.cpp could not allocate that.
+            return LoadedModel(engine.config, engine.n_ctx, name, model_id)
 
         try:
             self._load = self.service.call_any(describe, "describe the loaded model")

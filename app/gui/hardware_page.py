@@ -35,6 +35,7 @@ from hearthside.app.gui.workers import run_in_background
 from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.engine_build import GpuTarget, choose_build
+from hearthside.core.probe.engine_ladder import library_identity, read_record, record_rows
 from hearthside.core.probe.profile import (
     Advice,
     DiskInfo,
@@ -160,6 +161,13 @@ def engine_rows(engine: EngineInfo | None) -> list[Row]:
         memory = f", {gib(device.memory_total_bytes)}" if device.memory_total_bytes else ""
         rows.append((device.name, f"{device.description} ({device.kind}{memory})"))
     return rows
+
+
+def build_rows(home: Path | None = None) -> list[Row]:
+    """How the engine build was chosen and how its self-test went (engine-build.json)."""
+    record = read_record(home or data_dir())
+    current = record is not None and record.self_test.library == library_identity()
+    return record_rows(record, current)
 
 
 @dataclass(frozen=True)
@@ -444,7 +452,7 @@ class HardwarePage(QWidget):
         return [_card(gpu_title(gpu), gpu_rows(gpu))[0] for gpu in profile.gpus]
 
     def _engine_card(self, profile: HardwareProfile) -> QFrame:
-        return _card("What the engine can use", engine_rows(profile.engine))[0]
+        return _card("What the engine can use", engine_rows(profile.engine) + build_rows())[0]
 
     def _problem_cards(self, profile: HardwareProfile) -> list[QFrame]:
         cards = []

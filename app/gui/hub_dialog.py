@@ -48,7 +48,12 @@ from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.memory import CPU
 from hearthside.autotune.planner import DEFAULT_FREE_MARGIN_BYTES, DeviceBudget, Plan, plan
 from hearthside.autotune.wisdom import WisdomDB
-from hearthside.core.errors import HearthsideError, ModelFileError, ModelStoreError
+from hearthside.core.errors import (
+    HearthsideError,
+    ModelFileError,
+    ModelStoreError,
+    describe_error,
+)
 from hearthside.core.models.catalog import catalog_entry, catalog_ids
 from hearthside.core.models.descriptor import QUANT_PROFILES, Descriptor, spec_from_descriptor
 from hearthside.core.models.download import DownloadCancelled, download_model
@@ -435,9 +440,7 @@ def hub_error_text(error: BaseException) -> str:
         return f"{error.message}\n{DAMAGED_HINT}"
     if isinstance(error, ModelStoreError) and _ran_out_of_room(error):
         return f"{error.message}\n{NO_ROOM_HINT}"
-    if isinstance(error, HearthsideError):
-        return error.user_text()
-    return f"Something went wrong ({type(error).__name__}). Try again."
+    return describe_error(error)
 
 
 def _ran_out_of_room(error: BaseException) -> bool:

@@ -58,7 +58,7 @@ from hearthside.app.gui.plan_content import default_probe
 from hearthside.app.gui.plan_page import PlanPage, plan_icon
 from hearthside.app.gui.reply_writer import ReplyWriter
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
-from hearthside.core.errors import HearthsideError
+from hearthside.core.errors import HearthsideError, describe_error
 from hearthside.core.history.store import ConversationStore
 from hearthside.core.paths import data_dir
 
@@ -105,16 +105,6 @@ def remote_config_of(loaded: LoadedModel | None) -> RemoteConfig | None:
     from hearthside.core.engine.remote import RemoteConfig  # loaded with the engine by now
 
     return loaded.config if isinstance(loaded.config, RemoteConfig) else None
-
-
-def plain_error_text(error: BaseException) -> str:
-    """What to tell the user about `error`: our message and hint, or one honest line."""
-    if isinstance(error, HearthsideError):
-        return error.user_text()
-    return (
-        f"Something went wrong ({type(error).__name__}). Try again; if it keeps happening, "
-        "restart Hearthside."
-    )
 
 
 class OptimizeBanner(QFrame):
@@ -295,6 +285,7 @@ class MainWindow(QMainWindow):
         self.bridge.load_started.connect(self._on_load_started)
         self.bridge.load_finished.connect(self._on_model_loaded)
         self.bridge.load_failed.connect(self._on_load_failed)
+        self.bridge.load_retried.connect(self._on_load_retried)
         self.models_page.load_requested.connect(self._load_requested_model)
         self.models_page.remote_load_requested.connect(self._load_requested_remote)
         self.models_page.models_changed.connect(self.plan_page.reload_models)
@@ -370,6 +361,8 @@ class MainWindow(QMainWindow):
         self.session.set_model_pending(False)
         self._loading_remote = prepared.name if prepared.is_remote else None
         self._settings_why = prepared.why
+        if prepared.backed_off:  # the user asked for more than fits: say so where it shows
+            self.message_bar.show_text(prepared.why, error=False)
         try:
             self.bridge.load(prepared.config, prepared.name, prepared.model_id)
         except HearthsideError as exc:
@@ -419,6 +412,11 @@ class MainWindow(QMainWindow):
             self.model_label.setToolTip(loaded.config.model_path + why)
             self.plan_page.set_loaded_model(loaded.model_id or loaded.config.model_path)
         self.chat_pane.input.setFocus()
+
+    @Slot(str)
+    def _on_load_retried(self, why: str) -> None:
+        self._settings_why = why
+        self.message_bar.show_text(why, error=False)
 
     @Slot(object)
     def _on_load_failed(self, error: BaseException) -> None:
@@ -531,7 +529,7 @@ class MainWindow(QMainWindow):
         self.context_label.setText(f"context {used} / {use.total_tokens} tokens")
 
     def show_error(self, error: BaseException, prefix: str = "") -> None:
-        self.message_bar.show_text(prefix + plain_error_text(error), error=True)
+        self.message_bar.show_text(prefix + describe_error(error), error=True)
 
     def _guarded(self, action: object) -> None:
         try:

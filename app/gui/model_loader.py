@@ -48,6 +48,7 @@ class PreparedModel:
     name: str  # what the window calls it
     model_id: str | None  # None for a GGUF path that is not registered, or a remote server
     why: str = ""  # where the settings came from: measured here, planned, or defaults
+    backed_off: bool = False  # less than asked (context, KV cache) so that it fits: `why` says
 
     @property
     def is_remote(self) -> bool:
@@ -90,9 +91,9 @@ def prepare_model(
         profile() if profile is not None else None,
     )
     config = chosen.config
-    if record is None:
-        return PreparedModel(config, Path(config.model_path).stem, None, chosen.why)
-    return PreparedModel(config, record.name, record.id, chosen.why)
+    name = record.name if record is not None else Path(config.model_path).stem
+    model_id = record.id if record is not None else None
+    return PreparedModel(config, name, model_id, chosen.why, chosen.backed_off)
 
 
 def prepare_config(config: EngineConfig) -> PreparedModel:

@@ -47,7 +47,7 @@ from PySide6.QtWidgets import (
 
 from hearthside.app.gui.message_bar import MessageBar
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
-from hearthside.core.errors import HearthsideError
+from hearthside.core.errors import HearthsideError, describe_error
 from hearthside.core.models.store import ModelRecord, ModelStore, human_size
 from hearthside.core.paths import data_dir
 
@@ -138,12 +138,6 @@ def remote_row_text(remote: Remote) -> str:
     return f"{remote.name} — {model} at {remote.base_url}  (remote{key})"
 
 
-def error_text(error: BaseException) -> str:
-    if isinstance(error, HearthsideError):
-        return error.user_text()
-    return f"Something went wrong ({type(error).__name__}). Try again."
-
-
 # ---- adding (worker thread) ------------------------------------------------------------------
 
 
@@ -229,7 +223,7 @@ class ModelsPage(QWidget):
         try:
             self._records = self._store.list()
         except HearthsideError as exc:
-            self.show_message(error_text(exc), error=True)
+            self.show_message(describe_error(exc), error=True)
             self._records = []
         self._fill_table()
         self.select(chosen or self._default_id())
@@ -319,7 +313,7 @@ class ModelsPage(QWidget):
         try:
             self._remotes = RemoteRegistry(self.home).all()
         except HearthsideError as exc:
-            self.show_message(error_text(exc), error=True)
+            self.show_message(describe_error(exc), error=True)
             self._remotes = []
         self.remote_list.clear()
         for remote in self._remotes:
@@ -382,7 +376,7 @@ class ModelsPage(QWidget):
         try:
             RemoteRegistry(self.home).remove(name)
         except HearthsideError as exc:
-            self.show_message(error_text(exc), error=True)
+            self.show_message(describe_error(exc), error=True)
         else:
             self.show_message(f"Removed the server {name}.")
         self.reload_remotes()
@@ -597,7 +591,7 @@ class ModelsPage(QWidget):
         try:
             record = self._store.set_default(chosen)
         except HearthsideError as exc:
-            self.show_message(error_text(exc), error=True)
+            self.show_message(describe_error(exc), error=True)
             return
         self.show_message(f"{record.name} is now the default model.")
         self.reload()
@@ -610,7 +604,7 @@ class ModelsPage(QWidget):
         try:
             self._store.remove(record.id)
         except HearthsideError as exc:
-            self.show_message(error_text(exc), error=True)
+            self.show_message(describe_error(exc), error=True)
         else:
             self.show_message(f"Removed {record.name}.")
         self.reload()
@@ -701,7 +695,7 @@ class ModelsPage(QWidget):
         if isinstance(error, AddCancelled):
             self.show_message(f"Stopped adding {path.name}; nothing was kept.")
         else:
-            self.show_message(f"Could not add {path.name}. {error_text(error)}", error=True)
+            self.show_message(f"Could not add {path.name}. {describe_error(error)}", error=True)
         self._start_next_add()
 
     def _show_new_model(self, record: ModelRecord) -> None:
@@ -750,7 +744,7 @@ class ModelsPage(QWidget):
             self.show_message(f"Stopped making the {target} variant; nothing was kept.")
         else:
             self.show_message(
-                f"Could not make the {target} variant. {error_text(error)}", error=True
+                f"Could not make the {target} variant. {describe_error(error)}", error=True
             )
 
 

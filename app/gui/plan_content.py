@@ -452,13 +452,6 @@ def override_summary(result: OverrideResult) -> str:
     )
 
 
-def error_text(error: BaseException) -> str:
-    """Our message and hint, or one honest line for anything unexpected."""
-    if isinstance(error, HearthsideError):
-        return error.user_text()
-    return f"Something went wrong ({type(error).__name__}). Try “Plan again”."
-
-
 # ---- what-if hardware and serving recipes ----------------------------------------------------
 
 THIS_MACHINE = ""  # the hardware choice that plans for the probed machine

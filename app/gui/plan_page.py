@@ -65,7 +65,6 @@ from hearthside.app.gui.plan_content import (
     compute_recipe,
     confidence_text,
     default_probe,
-    error_text,
     example_choice,
     load_hardware,
     measured_note,
@@ -87,7 +86,7 @@ from hearthside.autotune.planner import (
 )
 from hearthside.autotune.serving import describe_cluster
 from hearthside.core.engine.config import EngineConfig
-from hearthside.core.errors import HearthsideError
+from hearthside.core.errors import HearthsideError, describe_error
 from hearthside.core.models.catalog import catalog_entry, catalog_ids
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
@@ -623,7 +622,7 @@ class PlanPage(QWidget):
         self.load_note.setVisible(not enabled)
 
     def _show_error(self, error: BaseException, prefix: str = "") -> None:
-        self.error_text = prefix + error_text(error)
+        self.error_text = prefix + describe_error(error)
         self.error_label.setText(self.error_text)
         self.error_box.show()
 

@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 from hearthside.app.gui.workers import BackgroundTask, run_in_background
 from hearthside.core.engine.remote import RemoteConfig, RemoteModel, fetch_models
 from hearthside.core.engine.remotes import Remote, RemoteRegistry
-from hearthside.core.errors import HearthsideError
+from hearthside.core.errors import HearthsideError, describe_error
 
 FIRST_LISTED = "(the first model the server lists)"
 
@@ -115,7 +115,4 @@ class RemoteDialog(QDialog):
 
     def _show_error(self, error: BaseException) -> None:
         self.test_button.setEnabled(True)
-        if isinstance(error, HearthsideError):
-            self.status_label.setText(error.user_text())
-        else:
-            self.status_label.setText(f"The test failed ({type(error).__name__}).")
+        self.status_label.setText(describe_error(error))

@@ -93,7 +93,13 @@ from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.engine import Engine
 from hearthside.core.engine.service import EngineService, Job
-from hearthside.core.errors import EngineError, HearthsideError, JobCancelledError, ModelFileError
+from hearthside.core.errors import (
+    EngineError,
+    HearthsideError,
+    JobCancelledError,
+    ModelFileError,
+    describe_error,
+)
 from hearthside.core.models.catalog import catalog_entry, catalog_ids, catalog_spec
 from hearthside.core.models.store import ModelRecord, ModelStore, human_size
 from hearthside.core.paths import data_dir, models_dir
@@ -673,12 +679,6 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
-def plain_error(error: BaseException) -> str:
-    if isinstance(error, HearthsideError):
-        return error.user_text()
-    return f"Something went wrong ({type(error).__name__}: {error}). Try again."
-
-
 class ModelChoiceDelegate(QStyledItemDelegate):
     """Two lines per model (the name, then its details) and a tag: installed or plan only."""
 
@@ -798,7 +798,7 @@ class FoundPage(QWizardPage):
     def show_error(self, error: BaseException) -> None:
         self.busy.hide()
         self.status.setStyleSheet("color: #c5221f;")
-        self.status.setText("The hardware probe failed. " + plain_error(error))
+        self.status.setText("The hardware probe failed. " + describe_error(error))
 
     def isComplete(self) -> bool:  # noqa: N802 (Qt's name)
         return self._wizard.found is not None
@@ -1084,7 +1084,7 @@ class MeasurePage(QWizardPage):
         self.progress.setRange(0, 100)
         self.progress.setValue(0)
         self.status.setText("Measuring failed.")
-        self.error.setText(plain_error(error))
+        self.error.setText(describe_error(error))
         self.error.show()
         self.completeChanged.emit()
 
@@ -1212,7 +1212,7 @@ class ResultPage(QWizardPage):
 
     def show_error(self, error: BaseException) -> None:
         self._clear("No plan")
-        self.subline.setText(plain_error(error))
+        self.subline.setText(describe_error(error))
 
     def _fill_table(self, rows: Sequence[SettingRow]) -> None:
         self.table.setRowCount(len(rows))
@@ -1330,7 +1330,7 @@ class OptimizeWizard(QWizard):
         run_in_background(
             lambda: model_choices(found.profile, found.calibration),
             self.show_choices,
-            lambda error: self.goal_page.model_note.setText(plain_error(error)),
+            lambda error: self.goal_page.model_note.setText(describe_error(error)),
         )
 
     def show_choices(self, choices: Sequence[ModelChoice]) -> None:
@@ -1422,7 +1422,7 @@ class OptimizeWizard(QWizard):
         try:
             apply_tuning(result)
         except (HearthsideError, sqlite3.Error) as exc:
-            self.result_page.note.setText("Could not save the settings. " + plain_error(exc))
+            self.result_page.note.setText("Could not save the settings. " + describe_error(exc))
             return False
         config = EngineConfig.from_dict({**result.best.config, "model_path": str(choice.path)})
         self.applied_tuning = AppliedTuning(choice.ref, choice.name, config, result.speedup)

@@ -508,8 +508,10 @@ def _load_llama(config: EngineConfig, *, verbose: bool) -> SpeculativeLlama:
                 tensor_overrides=native_overrides(config.tensor_overrides),
             )
         return SpeculativeLlama(**kwargs, verbose=verbose)
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError, MemoryError) as exc:
         reason = native_log.last_failure_line()
+        if not reason and isinstance(exc, MemoryError):
+            reason = str(exc)  # llama-cpp-python's numpy logits array: no llama.cpp log line
         raise EngineLoadError(
             f"llama.cpp could not load {Path(config.model_path).name} with a context of "
             f"{config.n_ctx} tokens and {config.n_gpu_layers} GPU layers"

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, TextCallback
+from hearthside.core.engine.load_retry import load_retrying
 from hearthside.core.engine.metrics import SpeculationStats
 from hearthside.core.engine.remote import RemoteConfig, RemoteEngine
 from hearthside.core.errors import EngineError, JobCancelledError, QueueFullError
@@ -29,6 +30,7 @@ T = TypeVar("T")
 DEFAULT_MAX_QUEUE = 8
 EngineFactory = Callable[[EngineConfig], Engine]
 RemoteFactory = Callable[[RemoteConfig], RemoteEngine]
+RetryNote = Callable[[str], None]
 LoadedEngine = Engine | RemoteEngine
 AnyConfig = EngineConfig | RemoteConfig
 
@@ -137,15 +139,21 @@ class EngineService:
         return job
 
     @overload
-    def load(self, config: EngineConfig) -> Job[EngineConfig]: ...
+    def load(
+        self, config: EngineConfig, *, on_retry: RetryNote | None = None
+    ) -> Job[EngineConfig]: ...
     @overload
-    def load(self, config: RemoteConfig) -> Job[RemoteConfig]: ...
+    def load(
+        self, config: RemoteConfig, *, on_retry: RetryNote | None = None
+    ) -> Job[RemoteConfig]: ...
     @overload
-    def load(self, config: AnyConfig) -> Job[AnyConfig]: ...
+    def load(self, config: AnyConfig, *, on_retry: RetryNote | None = None) -> Job[AnyConfig]: ...
 
-    def load(self, config: AnyConfig) -> Job[Any]:
+    def load(self, config: AnyConfig, *, on_retry: RetryNote | None = None) -> Job[Any]:
         """Load `config`'s model (or connect to its server) in place of the current one, which
-        is unloaded first. The job's result is the config as loaded."""
+        is unloaded first. The job's result is the config as loaded: with `on_retry`, a model
+        llama.cpp cannot allocate is loaded again smaller (core/engine/load_retry.py), and
+        `on_retry` hears why, on the engine thread."""
 
         def run(_engine: LoadedEngine | None, _cancel: threading.Event) -> AnyConfig:
             self._unload()
@@ -153,8 +161,11 @@ class EngineService:
                 remote = self._remote_factory(config)
                 self._engine = remote
                 return remote.config
-            self._engine = self._engine_factory(config)
-            return config
+            if on_retry is None:
+                self._engine = self._engine_factory(config)
+                return config
+            self._engine, loaded = load_retrying(self._engine_factory, config, on_retry)
+            return loaded
 
         return self.submit(Job(run, description=f"load {config.model_path}"))
 

@@ -258,6 +258,12 @@ def library_identity(python: str = sys.executable) -> str:
 
 def llama_cpp_dir(python: str = sys.executable) -> Path | None:
     """The llama_cpp package folder of `python`'s environment, found without importing it."""
+    if python == sys.executable:
+        from importlib.util import find_spec
+
+        spec = find_spec("llama_cpp")
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        return Path(locations[0]) if locations else None
     try:
         found = subprocess.run(
             [python, "-c", LLAMA_CPP_DIR_SCRIPT],
@@ -463,6 +469,25 @@ def proven_for_installed_engine(record: EngineRecord | None, python: str = sys.e
         return False
     current = library_identity(python)
     return bool(current) and record.self_test.library == current
+
+
+def record_rows(record: EngineRecord | None, current: bool) -> list[tuple[str, str]]:
+    """(label, text) pairs saying how the installed build was chosen and proved itself, for
+    `hearthside engine info`, `doctor` and the Hardware page; `current`: the record's
+    self-test ran on the libraries installed now."""
+    if record is None:
+        return [("Build", "not recorded yet: run `hearthside engine selftest`")]
+    build, test = record.build, record.self_test
+    rows = [("Build", f"{build.summary} ({build.rung})")]
+    if build.cmake_args:
+        rows.append(("Flags", " ".join(build.cmake_args)))
+    rows += [("Why", reason) for reason in build.reasons]
+    when = record.recorded_at[:16].replace("T", " ")
+    rows.append(("Self-test", f"{test.in_words()}, {when}"))
+    if not current:
+        rows.append(("Self-test", "the engine changed since: run `hearthside engine selftest`"))
+    rows += [("Earlier", f"{a.build.summary}: {a.result.in_words()}") for a in record.attempts[:-1]]
+    return rows
 
 
 # --- bootstrap's entry point ---------------------------------------------------------------------

@@ -1,16 +1,25 @@
-"""Memory probe: RAM, what is available now, swap, and a container's cgroup limit.
+"""Memory probe: RAM, what is available now, swap, and this process's cgroup memory limit.
 
 Linux reads /proc/meminfo and the cgroup files under `ctx.root`; macOS parses `sysctl -a`
 text. "Available" on macOS and Windows comes from psutil, and only on the live machine.
 Bandwidth stays None: calibration measures it.
+
+The cgroup limit is the process's own, not the root cgroup's: /proc/self/cgroup names its
+cgroup (v2, v1's memory controller, or both on a hybrid machine), /proc/self/mountinfo where
+each hierarchy is mounted, and the smallest limit from that cgroup up to the mount's top wins
+(a parent's limit binds its children). What is left under it (limit − usage + the inactive
+file cache the kernel reclaims first) caps "available".
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import psutil
 
@@ -18,8 +27,6 @@ from hearthside.core.probe.base import ProbeContext, ProbeResult, read_text_or_n
 from hearthside.core.probe.profile import MemoryInfo, ProbeError
 
 SOURCE = "memory"
-CGROUP_V2_LIMIT = "/sys/fs/cgroup/memory.max"
-CGROUP_V1_LIMIT = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
 # cgroup v1 writes "no limit" as PAGE_COUNTER_MAX rounded to pages (9223372036854771712 on
 # 4 KiB pages, other values on 16/64 KiB pages); no real machine has 2**60 bytes.
 UNLIMITED_THRESHOLD_BYTES = 1 << 60
@@ -68,6 +75,136 @@ def effective_cgroup_limit(limit_bytes: int | None, total_bytes: int | None) -> 
     return limit_bytes
 
 
+CgroupVersion = Literal[1, 2]
+LIMIT_FILE: dict[CgroupVersion, str] = {2: "memory.max", 1: "memory.limit_in_bytes"}
+USAGE_FILE: dict[CgroupVersion, str] = {2: "memory.current", 1: "memory.usage_in_bytes"}
+# v1's plain `inactive_file` counts the cgroup's own pages only; usage counts its children too.
+INACTIVE_FILE_STAT: dict[CgroupVersion, str] = {2: "inactive_file", 1: "total_inactive_file"}
+
+
+@dataclass(frozen=True)
+class CgroupMount:
+    version: CgroupVersion
+    mount_point: str  # "/sys/fs/cgroup/memory"
+    root: str = "/"  # the cgroup shown at the mount point (a container's own, without cgroupns)
+
+
+# Where the hierarchies usually are, for a tree without /proc/self/mountinfo: pure v2, a
+# hybrid machine's v2, v1's memory controller.
+DEFAULT_CGROUP_MOUNTS = (
+    CgroupMount(2, "/sys/fs/cgroup"),
+    CgroupMount(2, "/sys/fs/cgroup/unified"),
+    CgroupMount(1, "/sys/fs/cgroup/memory"),
+)
+
+
+@dataclass(frozen=True)
+class CgroupLevel:
+    """One cgroup with a memory limit, from the process's own up to the top of the mount."""
+
+    limit_bytes: int
+    usage_bytes: int | None = None
+    inactive_file_bytes: int = 0
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """What may still be allocated here before the kernel reclaims more than cold cache."""
+        if self.usage_bytes is None:
+            return None
+        return max(0, self.limit_bytes - self.usage_bytes + self.inactive_file_bytes)
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    limit_bytes: int | None = None  # the smallest limit over the process's cgroup and ancestors
+    available_bytes: int | None = None  # the least headroom under any of those limits
+
+
+def parse_proc_self_cgroup(text: str) -> dict[CgroupVersion, str]:
+    """/proc/self/cgroup → the process's v2 cgroup and its v1 memory cgroup, where listed.
+
+    Samples: "0::/user.slice/user-1000.slice/session-2.scope" (v2),
+    "4:memory:/process_api/c2c63fc8667592b80f7bce20b1638ef9" (v1),
+    "6:memory,hugetlb:/docker/3f2a9c" (v1, controllers mounted together).
+    """
+    paths: dict[CgroupVersion, str] = {}
+    for line in text.splitlines():
+        hierarchy, _, rest = line.strip().partition(":")
+        controllers, _, path = rest.partition(":")
+        if not path.startswith("/"):
+            continue
+        if hierarchy == "0" and controllers == "":
+            paths[2] = path
+        elif "memory" in controllers.split(","):
+            paths[1] = path
+    return paths
+
+
+def parse_cgroup_mounts(mountinfo: str) -> tuple[CgroupMount, ...]:
+    """/proc/self/mountinfo → the cgroup2 mounts and the v1 mounts with the memory controller.
+
+    Samples (fields: id, parent, dev, root, mount point, options, [optional…], -, type,
+    source, super options):
+    "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2
+    rw,nsdelegate,memory_recursiveprot" (pure v2);
+    "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory" (v1);
+    "1290 1283 0:32 /docker/3f2a9c /sys/fs/cgroup/memory ro,nosuid,nodev,noexec,relatime
+    master:15 - cgroup cgroup rw,memory" (v1 in a container without a cgroup namespace).
+    """
+    mounts = []
+    for line in mountinfo.splitlines():
+        fields, _, tail = line.partition(" - ")
+        before, after = fields.split(), tail.split()
+        if len(before) < 5 or len(after) < 3:
+            continue
+        root, mount_point = _unescape_mount_path(before[3]), _unescape_mount_path(before[4])
+        if after[0] == "cgroup2":
+            mounts.append(CgroupMount(2, mount_point, root))
+        elif after[0] == "cgroup" and "memory" in after[2].split(","):
+            mounts.append(CgroupMount(1, mount_point, root))
+    return tuple(mounts)
+
+
+def _unescape_mount_path(field: str) -> str:
+    """mountinfo writes a space, tab, newline or backslash in a path as an octal escape."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
+
+
+def parse_memory_stat(text: str) -> dict[str, int]:
+    """memory.stat → counters. Sample lines: "inactive_file 991232", "total_rss 1826816"."""
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            values[name] = int(value)
+    return values
+
+
+def cgroup_chain(mount: CgroupMount, cgroup_path: str) -> list[str]:
+    """The directories from the cgroup at `cgroup_path` up to `mount`'s top, innermost first;
+    only the top when the path lies outside what the mount shows (another cgroup namespace)."""
+    relative = posixpath.relpath(posixpath.normpath(cgroup_path), mount.root)
+    if relative == "." or relative.startswith(".."):
+        return [mount.mount_point]
+    parts = relative.split("/")
+    return [
+        posixpath.join(mount.mount_point, *parts[:depth]) for depth in range(len(parts), -1, -1)
+    ]
+
+
+def combine_levels(levels: Sequence[CgroupLevel]) -> CgroupMemory:
+    headrooms = [level.headroom_bytes for level in levels if level.headroom_bytes is not None]
+    return CgroupMemory(
+        limit_bytes=min((level.limit_bytes for level in levels), default=None),
+        available_bytes=min(headrooms, default=None),
+    )
+
+
+def smaller(first: int | None, second: int | None) -> int | None:
+    known = [value for value in (first, second) if value is not None]
+    return min(known) if known else None
+
+
 def parse_swap_usage(text: str) -> tuple[int, int] | None:
     """sysctl vm.swapusage → (total, free) bytes.
 
@@ -100,12 +237,44 @@ def is_live_machine(ctx: ProbeContext) -> bool:
     return ctx.root == Path("/") and ctx.platform == sys.platform
 
 
-def read_cgroup_limit(ctx: ProbeContext) -> int | None:
-    for path in (CGROUP_V2_LIMIT, CGROUP_V1_LIMIT):
-        text = read_text_or_none(ctx.path(path))
-        if text is not None:
-            return parse_cgroup_limit(text)
-    return None
+def read_cgroup_memory(ctx: ProbeContext) -> CgroupMemory:
+    own = parse_proc_self_cgroup(read_text_or_none(ctx.path("/proc/self/cgroup")) or "")
+    mounts = parse_cgroup_mounts(read_text_or_none(ctx.path("/proc/self/mountinfo")) or "")
+    levels = [
+        level
+        for mount in mounts or DEFAULT_CGROUP_MOUNTS
+        for level in _limited_levels(ctx, mount, own.get(mount.version, "/"))
+    ]
+    return combine_levels(levels)
+
+
+def _limited_levels(
+    ctx: ProbeContext, mount: CgroupMount, cgroup_path: str
+) -> Iterator[CgroupLevel]:
+    chain = cgroup_chain(mount, cgroup_path)
+    if not ctx.path(chain[0]).is_dir():
+        chain = [mount.mount_point]  # the path belongs to another cgroup namespace
+    for directory in chain:
+        level = _read_level(ctx, directory, mount.version)
+        if level is not None:
+            yield level
+
+
+def _read_level(ctx: ProbeContext, directory: str, version: CgroupVersion) -> CgroupLevel | None:
+    def read(name: str) -> str:
+        return read_text_or_none(ctx.path(f"{directory}/{name}")) or ""
+
+    limit = parse_cgroup_limit(read(LIMIT_FILE[version]))
+    if limit is None:
+        return None
+    usage = read(USAGE_FILE[version]).strip()
+    return CgroupLevel(
+        limit_bytes=limit,
+        usage_bytes=int(usage) if usage.isdigit() else None,
+        inactive_file_bytes=parse_memory_stat(read("memory.stat")).get(
+            INACTIVE_FILE_STAT[version], 0
+        ),
+    )
 
 
 def probe_linux(ctx: ProbeContext) -> ProbeResult:
@@ -113,10 +282,15 @@ def probe_linux(ctx: ProbeContext) -> ProbeResult:
     if text is None:
         return ProbeResult(memory=MemoryInfo(), errors=(ProbeError(SOURCE, "no /proc/meminfo"),))
     meminfo = parse_meminfo(text)
+    cgroup = read_cgroup_memory(ctx)
+    limit = effective_cgroup_limit(cgroup.limit_bytes, meminfo.total_bytes)
+    available = meminfo.available_bytes
+    if limit is not None:
+        available = smaller(available, cgroup.available_bytes)
     memory = MemoryInfo(
         total_bytes=meminfo.total_bytes,
-        available_bytes=meminfo.available_bytes,
-        cgroup_limit_bytes=effective_cgroup_limit(read_cgroup_limit(ctx), meminfo.total_bytes),
+        available_bytes=available,
+        cgroup_limit_bytes=limit,
         swap_total_bytes=meminfo.swap_total_bytes,
         swap_free_bytes=meminfo.swap_free_bytes,
     )

@@ -67,8 +67,9 @@ class CpuInfo:
 @dataclass(frozen=True)
 class MemoryInfo:
     total_bytes: int | None = None
-    available_bytes: int | None = None
-    cgroup_limit_bytes: int | None = None  # a container's memory limit, when lower than total
+    available_bytes: int | None = None  # MemAvailable, or less when a cgroup limit leaves less
+    # this process's cgroup memory limit (the smallest up its cgroup tree), when lower than total
+    cgroup_limit_bytes: int | None = None
     swap_total_bytes: int | None = None
     swap_free_bytes: int | None = None
     bandwidth_bytes_per_s: int | None = None  # spec sheet or calibration; None until known

@@ -1,4 +1,5 @@
-"""A model loads with what was measured here, else what was planned — never bare defaults."""
+"""A model loads with what was measured here, else what was planned — never bare defaults;
+never a context longer than the model was trained on."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.probe.profile import CpuInfo, HardwareProfile, MemoryInfo
 from hearthside.core.probe.runner import probe_hardware
-from tests.fixtures.synthetic_gguf import write_synthetic_gguf
+from tests.fixtures.synthetic_gguf import SHAPES, write_synthetic_gguf
 
 GIB = 1024**3
 MIB = 1024**2
@@ -23,6 +24,14 @@ MIB = 1024**2
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("load-settings")
     return write_synthetic_gguf(folder / "tiny-dense.gguf", "tiny-dense", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-dense trained on 131072 tokens (the other is trained on 4096)."""
+    folder = tmp_path_factory.mktemp("load-settings-long")
+    shape = replace(SHAPES["tiny-dense"], context_length=131072)
+    return write_synthetic_gguf(folder / "tiny-dense-long.gguf", shape, "Q8_0")
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +78,16 @@ def test_threads_the_user_sets_override_the_measured_ones(
 
 
 def test_measured_settings_that_no_longer_fit_give_way_to_a_plan(
-    model: Path, profile: HardwareProfile, wisdom: WisdomDB
+    long_model: Path, profile: HardwareProfile, wisdom: WisdomDB
 ) -> None:
     # the same machine with 200 MiB to spare: a long context's f16 KV cache no longer fits
     spare = 2 * GIB + 200 * MIB  # the planner keeps 2 GiB free for other programs
     small = replace(
-        profile, memory=replace(profile.memory, total_bytes=spare, available_bytes=spare)
+        profile,
+        gpus=(),
+        memory=MemoryInfo(total_bytes=spare, available_bytes=spare),
     )
+    model = long_model
     tuned = EngineConfig(str(model), flash_attn=True, type_k="f16", type_v="f16")
     wisdom.set_default(tuning_key(small, model), tuned.to_dict(), "fastest")
     chosen = choose_load_settings(model, small, wisdom, n_ctx=2048)
@@ -90,3 +102,11 @@ def test_a_failed_probe_falls_back_to_the_engines_defaults(model: Path, wisdom: 
     chosen = choose_load_settings(model, unknown, wisdom, n_ctx=512)
     assert chosen.source == "engine defaults" and "probe failed" in chosen.why
     assert chosen.config == EngineConfig(str(model), n_ctx=512)
+
+
+def test_a_context_beyond_the_trained_one_is_capped_and_says_why(
+    model: Path, profile: HardwareProfile, wisdom: WisdomDB
+) -> None:
+    chosen = choose_load_settings(model, profile, wisdom, n_ctx=65536)
+    assert chosen.config.n_ctx == 4096 and chosen.backed_off
+    assert chosen.why.startswith("The model was trained on 4096 tokens, so the context is 4096")

@@ -258,3 +258,24 @@ def test_only_hearthside_commands_become_buttons() -> None:
     assert hardware_page.fix_action(profile.advice[0], profile) == FixAction(
         "Rebuild the engine for CUDA", ("engine", "rebuild", "--backend", "cuda")
     )
+
+
+def test_the_engine_card_says_which_build_passed_its_self_test_and_what_crashed_before(
+    qtbot: QtBot, tmp_path: Path, hearthside_home: Path
+) -> None:
+    from hearthside.core.probe.engine_build import cpu_build_ladder, read_cpu_flags
+    from hearthside.core.probe.engine_ladder import Attempt, EngineRecord, write_record
+    from tests.core.probe.test_engine_ladder import AMX_CRASH, PASSED
+
+    spr = read_cpu_flags(FIXTURES / "cpu" / "sapphire-rapids-amx")
+    first, avx2, _ = cpu_build_ladder(spr, "x86_64")
+    attempts = (Attempt(first, AMX_CRASH), Attempt(avx2, PASSED))
+    write_record(hearthside_home, EngineRecord(avx2, PASSED, "kept", attempts))
+
+    page, _ = probed_page(qtbot, printing(rtx_3090_desktop(), tmp_path))
+    shown = texts(page)
+    assert "an AVX2 baseline (avx2)" in shown
+    assert "crashed in its self-test (SIGSEGV, a segmentation fault)" in shown
+    assert "passed its self-test" in shown
+    assert "-DGGML_AMX_INT8=OFF" in shown
+    assert "the engine changed since" in shown  # recorded elsewhere: not these libraries

@@ -1,8 +1,12 @@
 """Memory probe: recorded /proc/meminfo + cgroup files and Mac `sysctl -a` text, compared with
-hand-checked goldens; cgroup limits honoured only when they bind; the parsers on their own."""
+hand-checked goldens; cgroup limits honoured only when they bind, found from the process's own
+cgroup (v1, v2, hybrid, a container's mount) up to the top; the parsers on their own; and the
+probe run inside a real cgroup with a memory limit."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,10 +14,12 @@ import pytest
 from hearthside.core.probe import memory
 from hearthside.core.probe.base import ProbeContext, merge_results
 from hearthside.core.probe.profile import HardwareProfile, MemoryInfo
+from tests.cgroup_limit import memory_limited_cgroup
 from tests.core.probe.recorded import recorded_context
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "probe" / "memory"
 GIB = 1024**3
+MIB = 1024**2
 KIB = 1024
 
 # fixture → (platform, machine) of the recorded machine
@@ -21,6 +27,8 @@ MACHINES = {
     "plain-host": ("linux", "x86_64"),
     "cgroup-v2-container": ("linux", "x86_64"),
     "cgroup-v1-container": ("linux", "x86_64"),
+    "cgroup-v1-nested": ("linux", "x86_64"),
+    "cgroup-v2-nested": ("linux", "x86_64"),
     "mac-m1-16gb": ("darwin", "arm64"),
 }
 
@@ -79,6 +87,101 @@ def test_cgroup_v1_limit_is_honoured() -> None:
     assert info.usable_bytes == 4 * GIB
 
 
+def test_a_nested_v1_cgroup_is_bound_by_its_parents_smaller_limit() -> None:
+    info = fixture_profile("cgroup-v1-nested").memory
+    assert info.cgroup_limit_bytes == 1 * GIB  # /hs-fixture; its child /hs-fixture/inner has 1.5
+    # what is left under the parent's limit: limit - usage + inactive file cache
+    assert info.available_bytes == 1 * GIB - 269066240 + 100663296
+    assert info.total_bytes == 24683584 * KIB  # MemAvailable (24 GB) is not what may be used
+
+
+def test_a_nested_v2_cgroup_is_bound_by_its_slices_limit() -> None:
+    info = fixture_profile("cgroup-v2-nested").memory
+    assert info.cgroup_limit_bytes == 6 * GIB  # app.slice; the scope's own 12 GiB does not bind
+    assert info.available_bytes == 6 * GIB - 2560 * MIB + 512 * MIB
+
+
+V1_MOUNT = "35 31 0:32 {root} /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+V2_MOUNT = "30 23 0:26 / {point} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n"
+
+
+def test_a_container_mount_showing_its_own_cgroup_is_read_at_its_top(tmp_path: Path) -> None:
+    # Docker on v1 without a cgroup namespace: /proc/self/cgroup names the host's path, the
+    # mount shows that cgroup as its top
+    ctx = write_tree(
+        tmp_path,
+        {
+            "proc/meminfo": MEMINFO,
+            "proc/self/cgroup": "12:memory:/docker/3f2a9c\n",
+            "proc/self/mountinfo": V1_MOUNT.format(root="/docker/3f2a9c"),
+            "sys/fs/cgroup/memory/memory.limit_in_bytes": f"{2 * GIB}\n",
+            "sys/fs/cgroup/memory/memory.usage_in_bytes": f"{GIB // 2}\n",
+            "sys/fs/cgroup/memory/memory.stat": "inactive_file 0\ntotal_inactive_file 4096\n",
+        },
+    )
+    info = memory.probe(ctx).memory
+    assert info.cgroup_limit_bytes == 2 * GIB
+    assert info.available_bytes == 2 * GIB - GIB // 2 + 4096
+
+
+def test_a_cgroup_path_missing_under_the_mount_falls_back_to_its_top(tmp_path: Path) -> None:
+    # a cgroup namespace: the path is the host's, the mount is the namespace's own cgroup
+    ctx = write_tree(
+        tmp_path,
+        {
+            "proc/meminfo": MEMINFO,
+            "proc/self/cgroup": "0::/system.slice/docker-3f2a9c.scope\n",
+            "proc/self/mountinfo": V2_MOUNT.format(point="/sys/fs/cgroup"),
+            "sys/fs/cgroup/memory.max": f"{3 * GIB}\n",
+        },
+    )
+    info = memory.probe(ctx).memory
+    assert info.cgroup_limit_bytes == 3 * GIB
+    assert info.available_bytes == 12000000 * KIB  # no usage file: MemAvailable stands
+
+
+def test_a_hybrid_machine_reads_v1s_memory_controller_not_the_unified_tree(
+    tmp_path: Path,
+) -> None:
+    ctx = write_tree(
+        tmp_path,
+        {
+            "proc/meminfo": MEMINFO,
+            "proc/self/cgroup": "4:memory:/jobs/42\n0::/\n",
+            "proc/self/mountinfo": V1_MOUNT.format(root="/")
+            + V2_MOUNT.format(point="/sys/fs/cgroup/unified"),
+            "sys/fs/cgroup/unified/cgroup.procs": "1\n",
+            "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",
+            "sys/fs/cgroup/memory/jobs/42/memory.limit_in_bytes": f"{GIB}\n",
+            "sys/fs/cgroup/memory/jobs/42/memory.usage_in_bytes": f"{GIB + 4096}\n",
+        },
+    )
+    info = memory.probe(ctx).memory
+    assert info.cgroup_limit_bytes == GIB
+    assert info.available_bytes == 0  # v1 usage may run a page or so over the limit
+
+
+def test_the_probe_reports_the_limit_of_the_cgroup_it_runs_in() -> None:
+    limit = 1536 * MIB
+    with memory_limited_cgroup(limit) as cgroup:
+        result = cgroup.run([sys.executable, "-m", "hearthside.core.probe"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    info = HardwareProfile.from_json(result.stdout).memory
+    assert info.cgroup_limit_bytes == limit
+    # the probe's own Python is charged to the cgroup, so less than the limit is left
+    assert info.available_bytes is not None and 0 < info.available_bytes < limit
+
+
+def test_a_child_probe_reports_the_limit_of_the_cgroup_it_shares_with_us() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "hearthside.core.probe"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    info = HardwareProfile.from_json(result.stdout).memory
+    ours = memory.read_cgroup_memory(ProbeContext()).limit_bytes
+    assert info.cgroup_limit_bytes == memory.effective_cgroup_limit(ours, info.total_bytes)
+
+
 def test_mac_reads_memsize_and_swap_but_not_available_from_a_recording() -> None:
     info = fixture_profile("mac-m1-16gb").memory
     assert info.total_bytes == 16 * GIB
@@ -120,6 +223,60 @@ def test_parse_meminfo_ignores_lines_without_kb() -> None:
 )
 def test_parse_cgroup_limit(text: str, limit: int | None) -> None:
     assert memory.parse_cgroup_limit(text) == limit
+
+
+def test_parse_proc_self_cgroup_finds_v2_and_v1_memory() -> None:
+    text = (
+        "12:memory,hugetlb:/docker/3f2a9c\n"
+        "4:cpu,cpuacct:/docker/3f2a9c\n"
+        "1:name=systemd:/docker/3f2a9c\n"
+        "0::/system.slice/docker-3f2a9c.scope\n"
+    )
+    assert memory.parse_proc_self_cgroup(text) == {
+        1: "/docker/3f2a9c",
+        2: "/system.slice/docker-3f2a9c.scope",
+    }
+    assert memory.parse_proc_self_cgroup("0::/\n") == {2: "/"}
+    assert memory.parse_proc_self_cgroup("garbage\n") == {}
+
+
+def test_parse_cgroup_mounts_keeps_cgroup2_and_v1_memory_only() -> None:
+    text = (
+        "22 1 259:3 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p3 rw\n"
+        "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+        "1290 1283 0:32 /docker/3f2a9c /sys/fs/cgroup/memory ro,nosuid,nodev,noexec,relatime "
+        "master:15 - cgroup cgroup rw,memory\n"
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+        "50 31 0:40 / /mnt/my\\040cgroups rw - cgroup2 none rw\n"
+    )
+    assert memory.parse_cgroup_mounts(text) == (
+        memory.CgroupMount(1, "/sys/fs/cgroup/memory", "/docker/3f2a9c"),
+        memory.CgroupMount(2, "/sys/fs/cgroup/unified", "/"),
+        memory.CgroupMount(2, "/mnt/my cgroups", "/"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("root", "path", "chain"),
+    [
+        ("/", "/", ["/sys/fs/cgroup"]),
+        ("/", "/a/b", ["/sys/fs/cgroup/a/b", "/sys/fs/cgroup/a", "/sys/fs/cgroup"]),
+        ("/docker/3f", "/docker/3f/x", ["/sys/fs/cgroup/x", "/sys/fs/cgroup"]),
+        ("/docker/3f", "/system.slice", ["/sys/fs/cgroup"]),  # outside what the mount shows
+    ],
+)
+def test_cgroup_chain_runs_from_the_process_up_to_the_mount(
+    root: str, path: str, chain: list[str]
+) -> None:
+    assert memory.cgroup_chain(memory.CgroupMount(2, "/sys/fs/cgroup", root), path) == chain
+
+
+def test_the_least_headroom_wins_not_the_smallest_limits() -> None:
+    roomy_but_full = memory.CgroupLevel(4 * GIB, usage_bytes=4 * GIB - 100 * MIB)
+    tight_but_empty = memory.CgroupLevel(2 * GIB, usage_bytes=0)
+    combined = memory.combine_levels([roomy_but_full, tight_but_empty])
+    assert combined == memory.CgroupMemory(limit_bytes=2 * GIB, available_bytes=100 * MIB)
+    assert memory.combine_levels([]) == memory.CgroupMemory()
 
 
 def test_parse_swap_usage() -> None:

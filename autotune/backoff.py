@@ -1,0 +1,151 @@
+"""Backing off to settings that fit: a shorter context, a quantized KV cache, smaller batches.
+
+Loading what does not fit in the memory this process may use (a container's or a job's cgroup
+limit, or the machine's RAM) does not fail politely: llama.cpp writes the whole KV cache at
+load, and under a limit the kernel's OOM killer ends the process without a word. So the
+context is first capped at what the model was trained on, then tried at that size and halved
+down to MIN_CONTEXT — at each size the planner's pick of KV cache (f16, q8_0, q4_0), then the
+same with smaller micro-batches — and the first plan that fits is the one loaded, with one
+sentence saying what changed and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from hearthside.autotune.planner import DEFAULT_FREE_MARGIN_BYTES, Plan, plan
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.models.spec import ModelSpec
+from hearthside.core.probe.profile import HardwareProfile, MemoryInfo
+
+MIN_CONTEXT = 512
+DEFAULT_UBATCH = EngineConfig("").n_ubatch
+# A quarter of the default: the logits buffer (vocabulary x micro-batch floats) shrinks 4x,
+# 512 to 128 MiB for Gemma 3's 262k-token vocabulary; prompts are read a little slower.
+SMALL_UBATCH = 128
+# Under a memory limit, kept free beyond what is already in use there: the process's own growth
+# (the chat, Python objects, llama.cpp's small allocations). At most the whole-machine margin.
+LIMIT_CUSHION_SHARE = 8
+MIB = 1 << 20
+GIB = 1 << 30
+
+Step = tuple[int, int | None]  # (n_ctx, n_ubatch; None: the engine's default)
+
+
+def trained_context(spec: ModelSpec, n_ctx: int) -> int:
+    """`n_ctx`, but no more than the context the model was trained on (where the file says)."""
+    return min(n_ctx, spec.context_length) if spec.context_length else n_ctx
+
+
+def backoff_steps(n_ctx: int) -> list[Step]:
+    """What to try, in order: `n_ctx`, then halved down to MIN_CONTEXT; each with the default
+    micro-batch, then a small one."""
+    sizes = [n_ctx]
+    while sizes[-1] // 2 >= MIN_CONTEXT:
+        sizes.append(sizes[-1] // 2)
+    return [(size, ubatch) for size in sizes for ubatch in (None, SMALL_UBATCH)]
+
+
+def free_margin(memory: MemoryInfo) -> int:
+    """What a load leaves free. On a whole machine, room for the other programs; under a cgroup
+    limit, what is already in use under it (this process's Python and libraries among it) plus
+    a cushion: the usual 2 GiB may be more than the whole limit."""
+    limit = memory.cgroup_limit_bytes
+    if limit is None:
+        return DEFAULT_FREE_MARGIN_BYTES
+    in_use = limit - memory.available_bytes if memory.available_bytes is not None else 0
+    return max(0, in_use) + min(DEFAULT_FREE_MARGIN_BYTES, limit // LIMIT_CUSHION_SHARE)
+
+
+def plans_backing_off(
+    spec: ModelSpec,
+    profile: HardwareProfile,
+    calibration: dict[str, float],
+    n_ctx: int,
+    margin: int,
+) -> Iterator[Plan]:
+    """The planner's pick at each of `backoff_steps(n_ctx)`, lazily: stop at the first that fits."""
+    for size, ubatch in backoff_steps(n_ctx):
+        yield plan(
+            spec,
+            profile,
+            n_ctx=size,
+            calibration=calibration,
+            free_margin_bytes=margin,
+            n_ubatch=ubatch,
+        )
+
+
+def first_fitting(plans: Iterator[Plan]) -> tuple[Plan | None, Plan | None]:
+    """(the first plan that fits, else None; the last one looked at, for "even this fails")."""
+    last = None
+    for candidate in plans:
+        if candidate.fits:
+            return candidate, candidate
+        last = candidate
+    return None, last
+
+
+def describe_cap(asked: int, trained: int) -> str:
+    return f"The model was trained on {trained} tokens, so the context is {trained}, not {asked}."
+
+
+def describe_backoff(asked: int, chosen: EngineConfig, memory: MemoryInfo, margin: int) -> str:
+    """E.g. "A 32768-token context does not fit in the 412 MiB this process may still use
+    under its 700 MiB memory limit; loading with 8192 tokens and a q8_0 KV cache." """
+    return (
+        f"A {asked}-token context does not fit in {describe_room(memory, margin)}; "
+        f"loading with {describe_changes(asked, chosen)}."
+    )
+
+
+def describe_nothing_fits(closest: EngineConfig, memory: MemoryInfo, margin: int) -> str:
+    return (
+        f"Even {closest.n_ctx} tokens with {kv_cache(closest.type_k)} do not fit in "
+        f"{describe_room(memory, margin)}; trying those anyway."
+    )
+
+
+def kv_cache(type_name: str) -> str:
+    """ "a q8_0 KV cache", "an f16 KV cache" """
+    article = "an" if type_name.startswith("f") else "a"
+    return f"{article} {type_name} KV cache"
+
+
+def describe_changes(asked: int, config: EngineConfig) -> str:
+    """What differs from the asked-for context at full precision: "8192 tokens, a q8_0 KV
+    cache and 128-token batches"."""
+    changes = []
+    if config.n_ctx != asked:
+        changes.append(f"{config.n_ctx} tokens")
+    if config.type_k != "f16":
+        changes.append(kv_cache(config.type_k))
+    if config.n_ubatch < DEFAULT_UBATCH:
+        changes.append(f"{config.n_ubatch}-token batches")
+    if not changes:
+        return "the settings that fit"
+    if len(changes) == 1:
+        return changes[0]
+    return ", ".join(changes[:-1]) + " and " + changes[-1]
+
+
+def describe_room(memory: MemoryInfo, margin: int) -> str:
+    limit = memory.cgroup_limit_bytes
+    if limit is not None:
+        room = max(0, limit - margin)
+        return (
+            f"the {human_bytes(room)} this process may still use under its "
+            f"{human_bytes(limit)} memory limit"
+        )
+    total = memory.total_bytes or 0
+    return (
+        f"the {human_bytes(max(0, total - margin))} of RAM left after keeping "
+        f"{human_bytes(margin)} free for other programs"
+    )
+
+
+def human_bytes(size_bytes: int) -> str:
+    """Binary units, as memory is counted: 412 MiB, 7.5 GiB."""
+    if size_bytes >= GIB:
+        return f"{size_bytes / GIB:.1f} GiB"
+    return f"{size_bytes / MIB:.0f} MiB"

@@ -1,0 +1,66 @@
+"""`hearthside chat` under a real cgroup memory limit far too small for the context asked for:
+it backs off to settings that fit and answers, where loading what was asked gets the process
+killed by the kernel without a word.
+
+The figures (Gemma 3 270M Q4_K_M, trained on 32768 tokens, 18 layers with one 256-wide KV
+head, and llama-cpp-python's full-size sliding-window cache): an f16 KV cache takes 1 KiB per
+token per layer, so 2.25 GiB at 131072 tokens and 576 MiB at 32768; the chat process itself
+is charged ~60 MiB before the model loads. Under 600 MiB, both the context asked for and the
+trained one are killed (the premise test below), while the back-off's pick (16384 tokens, a
+q4_0 KV cache, 128-token batches) peaks at ~250 MiB here. The model file's mmapped pages count
+toward a v1 limit too when this cgroup is the first to read them, but the kernel reclaims them.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cgroup_limit import memory_limited_cgroup
+
+MIB = 1 << 20
+LIMIT = 600 * MIB
+CLI = [sys.executable, "-m", "hearthside.app.cli"]
+# Loads exactly this context with llama-cpp-python's other defaults, as Hearthside did when
+# nothing fitted: what happens without backing off.
+BARE_LOAD = """
+import sys
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.engine import Engine
+
+Engine(EngineConfig(sys.argv[1], n_ctx=int(sys.argv[2])))
+print("loaded")
+"""
+
+
+@pytest.mark.slow
+def test_chat_backs_off_under_a_memory_limit_and_answers(default_model_file: Path) -> None:
+    with memory_limited_cgroup(LIMIT) as cgroup:
+        command = [*CLI, "chat", "--model", str(default_model_file), "--ctx", "131072"]
+        result = cgroup.run([*command, "--prompt", "Name a colour.", "--max-tokens", "24"])
+        peak, kills = cgroup.peak_bytes, cgroup.oom_kills
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip()  # an answer
+    assert "The model was trained on 32768 tokens, so the context is 32768, not 131072." in (
+        result.stderr
+    )
+    assert "A 32768-token context does not fit in the " in result.stderr
+    assert "under its 600 MiB memory limit; loading with " in result.stderr
+    assert kills == 0
+    assert peak is not None and peak < LIMIT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_ctx", [131072, 32768])  # asked for, and capped at the trained one
+def test_without_backing_off_the_same_load_is_killed(default_model_file: Path, n_ctx: int) -> None:
+    with memory_limited_cgroup(LIMIT) as cgroup:
+        if not cgroup.swap_limited:
+            pytest.skip("swap is on and not limited for the cgroup: the load would swap instead")
+        result = cgroup.run([sys.executable, "-c", BARE_LOAD, str(default_model_file), str(n_ctx)])
+        kills = cgroup.oom_kills
+    assert result.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), result.stdout
+    assert "loaded" not in result.stdout
+    assert kills >= 1
