@@ -45,11 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hearthside",
         description="Run open-weight LLMs on this machine, tuned to this machine.",
     )
-    parser.add_argument(
-        "--version",
-        action="version",
-        version=f"hearthside {hearthside_version()} (logs and diagnostics: hearthside doctor)",
-    )
+    parser.add_argument("--version", action="version", version=f"hearthside {hearthside_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_chat_parser(subparsers)
     add_models_parser(subparsers)
