@@ -301,8 +301,10 @@ class Engine:
     def _token_stream(
         self, prompt_tokens: Sequence[int], sampling: SamplingParams
     ) -> Iterator[int]:
-        if sampling.seed is not None:
-            self._llama.set_seed(sampling.seed)
+        # Every generation sets its seed: llama-cpp-python keeps the last one set, so without
+        # this one seeded request would make every later unseeded reply repeat it.
+        unseeded = llama_cpp.LLAMA_DEFAULT_SEED  # llama.cpp draws a fresh random seed
+        self._llama.set_seed(sampling.seed if sampling.seed is not None else unseeded)
         return self._llama.generate(
             list(prompt_tokens),
             temp=sampling.temperature,

@@ -50,6 +50,20 @@ def test_greedy_output_is_deterministic(engine: Engine) -> None:
     assert first.text and first.text == second.text
 
 
+def test_a_seed_applies_to_its_own_request_only(engine: Engine) -> None:
+    """After one seeded request, unseeded ones are random again (a seed used to stick)."""
+    question = ask("Write one sentence about the sea.")
+
+    def reply(seed: int | None) -> str:
+        return engine.chat(question, SamplingParams(temperature=1.0, max_tokens=24, seed=seed)).text
+
+    seeded = reply(42)
+    assert reply(42) == seeded  # a seed still reproduces its reply
+    unseeded = [reply(None) for _ in range(4)]
+    assert len(set(unseeded)) > 1, unseeded
+    assert unseeded.count(seeded) <= 1, unseeded
+
+
 def test_streamed_pieces_add_up_to_the_reply(engine: Engine) -> None:
     pieces: list[str] = []
     result = engine.chat(ask("Count from one to five."), GREEDY, on_text=pieces.append)
