@@ -16,19 +16,21 @@ _UNKNOWN_TOKEN_TYPE = 2
 def write_tiny_gguf(path: Path, *, seed: int = 0, loadable: bool = False) -> Path:
     """A valid GGUF of two small F32 tensors. Seeds give different bytes (and sha256).
 
-    With `loadable`, it also carries the llama hyperparameters and an SPM vocabulary (with the
-    256 byte tokens), so llama.cpp can read its vocabulary; without, llama.cpp refuses it even
-    though it is structurally sound.
+    With `loadable`, it is instead a complete one-layer llama model (about 0.8 MB) with an SPM
+    vocabulary (with the 256 byte tokens), which llama.cpp loads and runs; without, llama.cpp
+    refuses it even though it is structurally sound.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_name(f"Tiny Test {seed}")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    rng = np.random.default_rng(seed)
     if loadable:
         _add_llama_hparams_and_vocab(writer)
-    rng = np.random.default_rng(seed)
-    writer.add_tensor("token_embd.weight", rng.standard_normal((8, 16)).astype(np.float32))
-    writer.add_tensor("output_norm.weight", rng.standard_normal(16).astype(np.float32))
+        _add_llama_tensors(writer, rng)
+    else:
+        writer.add_tensor("token_embd.weight", rng.standard_normal((8, 16)).astype(np.float32))
+        writer.add_tensor("output_norm.weight", rng.standard_normal(16).astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -36,15 +38,21 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, loadable: bool = False) -> Pat
     return path
 
 
+# Heads of 32 values: with 16, this llama.cpp build loads the model but fails to decode.
+_HIDDEN = 128
+_FEED_FORWARD = 256
+_TOKENS = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256)), "▁hi"]
+
+
 def _add_llama_hparams_and_vocab(writer: gguf.GGUFWriter) -> None:
     writer.add_context_length(64)
-    writer.add_embedding_length(16)
+    writer.add_embedding_length(_HIDDEN)
     writer.add_block_count(1)
-    writer.add_feed_forward_length(32)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(2)
+    writer.add_feed_forward_length(_FEED_FORWARD)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(4)
     writer.add_layer_norm_rms_eps(1e-5)
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256)), "▁hi"]
+    tokens = _TOKENS
     types = [_UNKNOWN_TOKEN_TYPE, _CONTROL_TOKEN_TYPE, _CONTROL_TOKEN_TYPE]
     types += [_BYTE_TOKEN_TYPE] * 256 + [_NORMAL_TOKEN_TYPE]
     writer.add_tokenizer_model("llama")
@@ -54,3 +62,18 @@ def _add_llama_hparams_and_vocab(writer: gguf.GGUFWriter) -> None:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
+
+
+def _add_llama_tensors(writer: gguf.GGUFWriter, rng: np.random.Generator) -> None:
+    def tensor(name: str, *shape: int) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+
+    tensor("token_embd.weight", len(_TOKENS), _HIDDEN)
+    tensor("output_norm.weight", _HIDDEN)
+    tensor("blk.0.attn_norm.weight", _HIDDEN)
+    for name in ("q", "k", "v", "output"):
+        tensor(f"blk.0.attn_{name}.weight", _HIDDEN, _HIDDEN)
+    tensor("blk.0.ffn_norm.weight", _HIDDEN)
+    tensor("blk.0.ffn_gate.weight", _FEED_FORWARD, _HIDDEN)
+    tensor("blk.0.ffn_up.weight", _FEED_FORWARD, _HIDDEN)
+    tensor("blk.0.ffn_down.weight", _HIDDEN, _FEED_FORWARD)

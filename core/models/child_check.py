@@ -1,37 +1,62 @@
-"""The first native load of a new model file happens in a child process.
+"""The first full load of a new model file happens in a child process.
 
-The pure-Python validator catches the malformed files we know about, but llama.cpp's GGUF
-parser has had memory-safety bugs the validator cannot foresee. Reading the file once in a
-throwaway process means such a bug costs a failed check, not a crashed app (SECURITY.md).
+The pure-Python validator catches the malformed files we know about, but llama.cpp has had
+memory-safety bugs and aborts (GGML_ASSERT) for files the validator cannot foresee, and some
+files make its loader spin forever. Loading the file once in a throwaway process, with a real
+(tiny) context and one decoded token, means such a file costs a failed check, not a crashed or
+frozen app (SECURITY.md). The child's stderr, where llama.cpp logs, is captured so the user
+reads what llama.cpp objected to; a child past its deadline is killed with its whole process
+group, so nothing is left running.
 
-Run as `python -m hearthside.core.models.child_check PATH`: exits 0 when llama.cpp reads the
-file's header and vocabulary, EXIT_LOAD_REFUSED when it refuses the file, EXIT_ENGINE_MISSING
-when llama-cpp-python itself cannot be imported.
+Run as `python -m hearthside.core.models.child_check PATH`: exits 0 when llama.cpp loads the
+file and decodes a token, EXIT_LOAD_REFUSED when it refuses the file, EXIT_DECODE_FAILED when
+it loads but cannot decode, EXIT_ENGINE_MISSING when llama-cpp-python cannot be imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
 
 from hearthside.core.errors import EngineError, ModelFileError
 
 CHILD_MODULE = "hearthside.core.models.child_check"
-DEFAULT_TIMEOUT_S = 60.0
+# Starting Python and llama.cpp takes a second or two; the rest is time to page in the
+# weights for the one decode, which grows with the file (a cold 40 GB file on a slow disk).
+BASE_TIMEOUT_S = 60.0
+TIMEOUT_S_PER_GB = 15.0
+CHECK_CONTEXT_TOKENS = 256
+CHECK_PROMPT = b"Hello"
 
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_LOAD_REFUSED = 3
 EXIT_ENGINE_MISSING = 4
+EXIT_DECODE_FAILED = 5
+
+# The child prefixes its own one-line explanations with this, so the parent can find them
+# among llama.cpp's log lines.
+REASON_MARKER = "hearthside-check:"
+_KEPT_LOG_BYTES = 64 * 1024
+_MAX_REASON_CHARS = 300
+_KILL_WAIT_S = 5.0
 
 _NOT_ADDED_HINT = (
     "The file may be damaged, or made for a newer llama.cpp than this Hearthside ships. "
-    "Hearthside did not add it."
+    "Hearthside did not add it; download it again or choose another file."
 )
 
 log = logging.getLogger(__name__)
@@ -39,60 +64,125 @@ log = logging.getLogger(__name__)
 
 def check_loads_in_child(
     path: str | os.PathLike[str],
-    timeout_s: float = DEFAULT_TIMEOUT_S,
+    timeout_s: float | None = None,
     *,
     command: Sequence[str] | None = None,
 ) -> None:
-    """Raise ModelFileError unless llama.cpp reads `path` cleanly in a separate process.
+    """Raise ModelFileError unless llama.cpp fully loads `path` and decodes a token in a
+    separate process within `timeout_s` (default: `deadline_for` the file's size).
 
     `command` replaces `python -m hearthside.core.models.child_check`; the path is appended to
     it. Tests use it to stand in a child that crashes or hangs.
     """
+    deadline_s = timeout_s if timeout_s is not None else deadline_for(_size_of(path))
     argv = [*(command if command is not None else _child_command()), os.fspath(path)]
-    try:
-        result = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise ModelFileError(
-            f"llama.cpp did not finish reading this model file within {timeout_s:g} s.",
-            hint=_NOT_ADDED_HINT,
-        ) from None
-    except OSError as exc:
-        raise EngineError(
-            "Hearthside could not start a helper process to check this model file.",
-            hint=f"The system said: {exc.strerror or exc}.",
-        ) from exc
-    if result.returncode == EXIT_OK:
+    with tempfile.TemporaryFile() as log_file:
+        returncode = _run_contained(argv, log_file, deadline_s)
+        log_tail = _read_tail(log_file)
+    if returncode == EXIT_OK:
         return
-    log.debug("child check of %s failed: %s", path, result.stderr[-2000:])
-    raise _failure_error(result.returncode)
+    log.debug("child check of %s ended with %s: %s", path, returncode, log_tail[-4000:])
+    raise _failure_error(returncode, log_tail)
+
+
+def deadline_for(size_bytes: int) -> float:
+    """How long the child may take: a minute, plus time to read a big file from a slow disk."""
+    return BASE_TIMEOUT_S + TIMEOUT_S_PER_GB * size_bytes / 1e9
+
+
+def _size_of(path: str | os.PathLike[str]) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0  # the child will say what is wrong with it
 
 
 def _child_command() -> list[str]:
     return [sys.executable, "-m", CHILD_MODULE]
 
 
-def _failure_error(returncode: int) -> ModelFileError | EngineError:
+# --- the parent side -------------------------------------------------------------------------
+
+
+def _run_contained(argv: list[str], log_file: IO[bytes], deadline_s: float) -> int:
+    """Run `argv` in its own process group with stderr to `log_file`; its exit status, or
+    raise ModelFileError after killing the whole group when it outlives `deadline_s`."""
+    try:
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise EngineError(
+            "Hearthside could not start a helper process to check this model file.",
+            hint=f"The system said: {exc.strerror or exc}.",
+        ) from exc
+    try:
+        returncode = child.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(child)
+        raise ModelFileError(
+            f"llama.cpp did not finish loading this model file within {deadline_s:g} s, "
+            "so Hearthside stopped it.",
+            hint="The file is probably damaged (its numbers make llama.cpp loop). "
+            "Hearthside did not add it; download it again or choose another file.",
+        ) from None
+    except BaseException:
+        _kill_group(child)  # e.g. Ctrl+C while waiting: leave nothing running
+        raise
+    _kill_group(child)  # anything the child started and left behind
+    return returncode
+
+
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
+    if os.name == "posix":
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
+            os.killpg(child.pid, signal.SIGKILL)
+    else:
+        child.kill()
+    try:
+        child.wait(timeout=_KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("model check process %s did not exit after SIGKILL", child.pid)
+
+
+def _read_tail(log_file: IO[bytes]) -> str:
+    size = log_file.seek(0, os.SEEK_END)
+    log_file.seek(max(0, size - _KEPT_LOG_BYTES))
+    return log_file.read().decode("utf-8", errors="replace")
+
+
+def _failure_error(returncode: int, log_tail: str) -> ModelFileError | EngineError:
     if returncode == EXIT_ENGINE_MISSING:
         return EngineError(
             "Hearthside could not check this model file: llama-cpp-python failed to load.",
             hint="Reinstall Hearthside, or run `hearthside probe` to see what the engine reports.",
         )
+    reason = reason_from_log(log_tail)
+    if returncode < 0 or _is_abort(returncode, log_tail):
+        detail = reason or f"llama.cpp {describe_exit(returncode)} while loading it"
+        return ModelFileError(f"This file is damaged: {detail}.", hint=_NOT_ADDED_HINT)
+    what = describe_exit(returncode)
+    detail = f"{what}: {reason}" if reason else what
     return ModelFileError(
-        f"llama.cpp could not read this model file ({describe_exit(returncode)}).",
-        hint=_NOT_ADDED_HINT,
+        f"llama.cpp could not load this model file ({detail}).", hint=_NOT_ADDED_HINT
     )
+
+
+def _is_abort(returncode: int, log_tail: str) -> bool:
+    # Windows has no signals: an abort there is exit code 3 plus a GGML_ASSERT line.
+    return returncode not in (EXIT_OK, EXIT_DECODE_FAILED) and "GGML_ASSERT" in log_tail
 
 
 def describe_exit(returncode: int) -> str:
     """A few words on how the child ended, e.g. "crashed with signal 11 (SIGSEGV)"."""
     if returncode == EXIT_LOAD_REFUSED:
         return "it refused to load it"
+    if returncode == EXIT_DECODE_FAILED:
+        return "it loaded it but could not run it"
     if returncode < 0:
         number = -returncode
         try:
@@ -102,24 +192,119 @@ def describe_exit(returncode: int) -> str:
     return f"the check exited with code {returncode}"
 
 
-def _load_vocabulary_only(model_path: str) -> int:
+_ASSERT = re.compile(r"(GGML_ASSERT\(.*\) failed)")
+# ggml_abort writes "<source file>:<line>: <message>"; the path says nothing to a user.
+_ABORT = re.compile(r"^\S+\.(?:c|cpp|h):\d+: (.+)$")
+_LOAD_ERROR = re.compile(r"error loading model(?: architecture)?: (?:[a-z_]+: )?(.+)$")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+def reason_from_log(log_tail: str) -> str | None:
+    """The line of llama.cpp's (or the child's) log that says why the load failed, if any."""
+    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    for finder in (_find_assert, _find_load_error, _find_abort, _find_marker, _find_exception):
+        found = finder(lines)
+        if found:
+            return _shown(found)
+    return None
+
+
+def _find_assert(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        match = _ASSERT.search(line)
+        if match:
+            return match.group(1)
+    return None
+
+
+def _find_marker(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        if line.startswith(REASON_MARKER):
+            return line.removeprefix(REASON_MARKER).strip()
+    return None
+
+
+def _find_load_error(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        match = _LOAD_ERROR.search(line)
+        if match:
+            return match.group(1)
+    return None
+
+
+def _find_abort(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        match = _ABORT.match(line)
+        if match:
+            return match.group(1)
+    return None
+
+
+def _find_exception(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        match = _EXCEPTION_LINE.match(line)
+        if match:
+            return f"{match.group(1)}: {match.group(2)}"
+    return None
+
+
+def _shown(text: str) -> str:
+    printable = " ".join("".join(ch if ch.isprintable() else "?" for ch in text).split())
+    printable = printable.rstrip(".")
+    if len(printable) <= _MAX_REASON_CHARS:
+        return printable
+    return printable[: _MAX_REASON_CHARS - 3] + "..."
+
+
+# --- the child side --------------------------------------------------------------------------
+
+
+def _load_and_decode(model_path: str) -> int:
     try:
         import llama_cpp
     except Exception:  # any import failure means the engine, not the file, is broken
         return EXIT_ENGINE_MISSING
     try:
-        model = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
-    except Exception:  # llama-cpp-python reports load failures as ValueError or RuntimeError
+        # verbose: llama.cpp's log goes to stderr, which the parent keeps for its message.
+        model = llama_cpp.Llama(
+            model_path=model_path,
+            n_ctx=CHECK_CONTEXT_TOKENS,
+            n_batch=CHECK_CONTEXT_TOKENS,
+            n_gpu_layers=0,
+            use_mmap=True,
+            verbose=True,
+        )
+    except Exception as exc:  # llama-cpp-python reports load failures as ValueError etc.
+        _explain(exc)
         return EXIT_LOAD_REFUSED
-    model.close()
+    try:
+        model.eval(_first_tokens(model))
+    except Exception as exc:
+        _explain(exc)
+        return EXIT_DECODE_FAILED
+    finally:
+        model.close()
     return EXIT_OK
+
+
+def _first_tokens(model: Llama) -> list[int]:
+    tokens = model.tokenize(CHECK_PROMPT, add_bos=True)[:2]
+    return tokens or [0]
+
+
+def _explain(exc: BaseException) -> None:
+    sys.stderr.write(f"\n{REASON_MARKER} {type(exc).__name__}: {exc}\n")
+    sys.stderr.flush()
 
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1 or not Path(argv[0]).is_file():
         sys.stderr.write(f"usage: python -m {CHILD_MODULE} MODEL.gguf\n")
         return EXIT_USAGE
-    return _load_vocabulary_only(argv[0])
+    started = time.monotonic()
+    status = _load_and_decode(argv[0])
+    sys.stderr.write(f"\n{CHILD_MODULE}: done in {time.monotonic() - started:.1f} s\n")
+    return status
 
 
 if __name__ == "__main__":

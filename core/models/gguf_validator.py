@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 import struct
 from collections import Counter
@@ -28,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from types import MappingProxyType
-from typing import BinaryIO, Final, NamedTuple
+from typing import BinaryIO, Final, NamedTuple, NoReturn
 
 from gguf.constants import GGML_QUANT_SIZES, GGUFValueType
 
@@ -40,6 +41,7 @@ __all__ = [
     "GGUFTensor",
     "GGUFValidationError",
     "MetadataValue",
+    "check_hyperparameters",
     "validate_gguf",
 ]
 
@@ -491,6 +493,7 @@ def _parse(reader: _BoundedReader, path: Path) -> GGUFInfo:
     entries = _read_tensor_table(reader, budget, tensor_count)
     data_offset = _align_up(reader.position, alignment)
     tensors = _place_tensors(entries, data_offset, alignment, reader.size)
+    check_hyperparameters(metadata, tensors)
     return GGUFInfo(
         path=path,
         file_size=reader.size,
@@ -790,6 +793,161 @@ def _check_no_overlap(tensors: tuple[GGUFTensor, ...]) -> None:
                 f'the data of tensors "{_shorten(previous.name)}" and '
                 f'"{_shorten(current.name)}" overlap'
             )
+
+
+# --- hyperparameters -------------------------------------------------------------------------
+#
+# A well-formed file can still hold numbers that make llama.cpp abort (GGML_ASSERT on a layer
+# count of 0 or above LLAMA_MAX_LAYERS, an expert count above LLAMA_MAX_EXPERTS), spin forever
+# (a NaN norm epsilon) or silently compute garbage (a zero or infinite epsilon). They are
+# refused here, before anything native sees them; anything subtler is left to the child load.
+
+_MAX_LAYERS: Final = 512  # llama.cpp's LLAMA_MAX_LAYERS
+_MAX_EXPERTS: Final = 512  # llama.cpp's LLAMA_MAX_EXPERTS
+_MAX_CONTEXT_LENGTH: Final = 1 << 24  # 16.7M tokens; the longest real models claim 10M
+_MAX_EMBEDDING_LENGTH: Final = 1 << 17  # the widest real models are under 32k
+_MAX_HEADS: Final = 1 << 12
+_MAX_FEED_FORWARD_LENGTH: Final = 1 << 20
+_SPLIT_COUNT_KEY: Final = "split.count"
+_LAYER_TENSOR: Final = re.compile(r"blk\.(\d+)\.")
+_ATTENTION_TENSOR: Final = re.compile(r"blk\.\d+\.attn_(?:q|k|qkv)\.weight")
+_DAMAGED_HINT: Final = "Download the model again, or choose another file."
+
+
+def check_hyperparameters(
+    metadata: Mapping[str, MetadataValue], tensors: tuple[GGUFTensor, ...]
+) -> None:
+    """Refuse architecture numbers that crash, hang or corrupt llama.cpp's loader."""
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        return  # not a model llama.cpp would run; it refuses such a file cleanly
+    numbers = _ArchNumbers(metadata, arch)
+    _check_layers(numbers, metadata, tensors)
+    _check_count(numbers, "context_length", "context length", "tokens", _MAX_CONTEXT_LENGTH)
+    _check_count(numbers, "embedding_length", "embedding width", "values", _MAX_EMBEDDING_LENGTH)
+    _check_heads(numbers, tensors)
+    _check_feed_forward(numbers)
+    _check_experts(numbers)
+    _check_floats(numbers)
+
+
+class _ArchNumbers:
+    """The `<arch>.` metadata of one file, read as numbers."""
+
+    def __init__(self, metadata: Mapping[str, MetadataValue], arch: str) -> None:
+        self.prefix = f"{arch}."
+        self.metadata = metadata
+
+    def integer(self, name: str) -> int | None:
+        """The key's integer value, None when absent; refuses any other kind of value."""
+        value = self.metadata.get(self.prefix + name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            _refuse(f"the model's {name} is not a whole number")
+        return value
+
+    def values(self, name: str) -> tuple[int | float, ...]:
+        """A scalar key as one value, a small per-layer array as its values, else nothing."""
+        value = self.metadata.get(self.prefix + name)
+        if isinstance(value, GGUFArraySummary):
+            return tuple(v for v in value.values or () if not isinstance(v, bool))
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return (value,)
+        return ()
+
+    def floats(self) -> list[tuple[str, float]]:
+        found = []
+        for key, value in self.metadata.items():
+            if not key.startswith(self.prefix):
+                continue
+            scalars = value.values or () if isinstance(value, GGUFArraySummary) else (value,)
+            found += [(key[len(self.prefix) :], v) for v in scalars if isinstance(v, float)]
+        return found
+
+
+def _refuse(what: str) -> NoReturn:
+    raise GGUFValidationError(
+        f"This file says {what}; it is damaged or not a model.", hint=_DAMAGED_HINT
+    )
+
+
+def _check_layers(
+    numbers: _ArchNumbers, metadata: Mapping[str, MetadataValue], tensors: tuple[GGUFTensor, ...]
+) -> None:
+    layers = numbers.integer("block_count")
+    if layers is None:
+        return
+    if layers < 1:
+        _refuse(f"the model has {layers:,} layers")
+    if layers > _MAX_LAYERS:
+        _refuse(f"the model has {layers:,} layers, more than the {_MAX_LAYERS} llama.cpp can load")
+    split_count = metadata.get(_SPLIT_COUNT_KEY)
+    if not tensors or (isinstance(split_count, int) and split_count > 1):
+        return  # a vocabulary-only file, or one part of a split model: the weights are elsewhere
+    present = 1 + max((_layer_index(tensor.name) for tensor in tensors), default=-1)
+    if layers > present:
+        _refuse(f"the model has {layers:,} layers, but it holds the weights of only {present:,}")
+
+
+def _layer_index(tensor_name: str) -> int:
+    match = _LAYER_TENSOR.match(tensor_name)
+    return int(match.group(1)) if match else -1
+
+
+def _check_count(numbers: _ArchNumbers, name: str, words: str, unit: str, limit: int) -> None:
+    value = numbers.integer(name)
+    if value is None:
+        return
+    if value < 1:
+        _refuse(f"the model's {words} is {value:,} {unit}")
+    if value > limit:
+        _refuse(f"the model's {words} is {value:,} {unit}, more than any model has ({limit:,})")
+
+
+def _check_heads(numbers: _ArchNumbers, tensors: tuple[GGUFTensor, ...]) -> None:
+    has_attention = any(_ATTENTION_TENSOR.match(tensor.name) for tensor in tensors)
+    for name in ("attention.head_count", "attention.head_count_kv"):
+        values = numbers.values(name)
+        if any(not 0 <= value <= _MAX_HEADS for value in values):
+            shown = max(values, key=lambda value: abs(value))
+            _refuse(f"the model has {shown:,} attention heads ({name})")
+        if values and has_attention and not any(values):
+            # Recurrent models (Mamba, RWKV) have 0 heads, but also no attention weights.
+            _refuse(f"the model has 0 attention heads ({name}) though it has attention weights")
+
+
+def _check_feed_forward(numbers: _ArchNumbers) -> None:
+    values = numbers.values("feed_forward_length")
+    if any(not 0 <= value <= _MAX_FEED_FORWARD_LENGTH for value in values):
+        shown = max(values, key=lambda value: abs(value))
+        _refuse(f"the model's feed-forward width is {shown:,} values")
+
+
+def _check_experts(numbers: _ArchNumbers) -> None:
+    experts = numbers.integer("expert_count") or 0
+    used = numbers.integer("expert_used_count") or 0
+    if not 0 <= experts <= _MAX_EXPERTS:
+        _refuse(
+            f"the model has {experts:,} experts, more than the {_MAX_EXPERTS} llama.cpp can load"
+        )
+    if experts and not 1 <= used <= experts:
+        _refuse(f"the model uses {used:,} of its {experts:,} experts per token")
+    if used and not experts:
+        _refuse(f"the model uses {used:,} experts per token but has none")
+
+
+def _check_floats(numbers: _ArchNumbers) -> None:
+    for name, value in numbers.floats():
+        if not math.isfinite(value):
+            _refuse(f"the model's {name} is {value}, not a number it can compute with")
+        if _is_epsilon(name) and value <= 0:
+            # llama.cpp asserts on a negative one; zero divides by zero in every norm.
+            _refuse(f"the model's normalisation epsilon ({name}) is {value}, not above 0")
+
+
+def _is_epsilon(name: str) -> bool:
+    return name.endswith(("epsilon", "_eps"))
 
 
 def _json_value(value: MetadataValue) -> object:

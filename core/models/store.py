@@ -45,7 +45,7 @@ from hearthside.core.models.child_check import check_loads_in_child
 from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
 from hearthside.core.paths import ensure_private_dir, is_within, models_dir
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_FILE_NAME = "models.db"
 MODEL_SUFFIX = ".gguf"
 PART_SUFFIX = ".part"
@@ -303,6 +303,22 @@ def _add_variants_and_parts_v2(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE models ADD COLUMN part_count INTEGER NOT NULL DEFAULT 1")
 
 
+def _add_bad_files_v3(db: sqlite_utils.Database) -> None:
+    # Files whose check in a child process failed, so nothing loads them in-process later.
+    # A file is known by its path, size and mtime: a replaced or re-downloaded file is new.
+    db.execute(
+        """
+        CREATE TABLE bad_files (
+            path TEXT PRIMARY KEY,
+            size_bytes INTEGER NOT NULL,
+            mtime_ns INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            checked_at TEXT NOT NULL
+        )
+        """
+    )
+
+
 def _on_database(
     migration: Callable[[sqlite_utils.Database], None],
 ) -> Callable[[sqlite3.Connection], None]:
@@ -313,7 +329,11 @@ REGISTRY = DatabaseKind(
     label="Hearthside's model registry (models.db)",
     file_name="models.db",
     schema_version=SCHEMA_VERSION,
-    migrations={0: _on_database(_create_schema_v1), 1: _on_database(_add_variants_and_parts_v2)},
+    migrations={
+        0: _on_database(_create_schema_v1),
+        1: _on_database(_add_variants_and_parts_v2),
+        2: _on_database(_add_bad_files_v3),
+    },
     error=ModelStoreError,
     damaged_hint="Move models.db out of Hearthside's data folder and run again: a new, empty "
     "registry will be made, and the model files themselves are untouched.",
@@ -416,7 +436,7 @@ class ModelStore:
         self._refuse_registered_path(source_path)
         info = validate_gguf(source_path)
         if check_native:
-            check_loads_in_child(source_path)
+            self.check_loads(source_path)
         details = _Details(name=name, source=source, licence=licence)
         if link or is_within(source_path, self.models_dir):
             return self._register_in_place(source_path, info, details, progress)
@@ -508,7 +528,7 @@ class ModelStore:
             raise ValueError(f"{path.name} is not named like part 1 of {part_count}")
         infos = [validate_gguf(_require_model_file(part)) for part in parts]
         if check_native:
-            check_loads_in_child(path)
+            self.check_loads(path)
         digest = sha256.lower() if sha256 is not None else hash_file(path)
         self._refuse_duplicate(digest)
         relative = path.resolve().relative_to(self.models_dir.resolve()).as_posix()
@@ -522,6 +542,45 @@ class ModelStore:
             parameter_count=sum(info.parameter_count for info in infos),
         )
         return self._insert(model_id, relative, False, digest, infos[0], details)
+
+    # -- files that failed their load check --
+
+    def check_loads(self, path: Path) -> None:
+        """Load `path` fully once in a child process; a file that fails is remembered as bad
+        (and raises), one that passes is forgotten as bad."""
+        try:
+            check_loads_in_child(path)
+        except ModelFileError as failure:
+            self._remember_bad_file(path, failure.message)
+            raise
+        self._forget_bad_file(path)
+
+    def bad_file_reason(self, path: Path) -> str | None:
+        """Why this very file (same path, size and mtime) failed its check, if it did."""
+        identity = _file_identity(path)
+        if identity is None:
+            return None
+        with classified_errors(REGISTRY):
+            row = self._db.execute(
+                "SELECT reason FROM bad_files WHERE path = ? AND size_bytes = ? AND mtime_ns = ?",
+                list(identity),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def _remember_bad_file(self, path: Path, reason: str) -> None:
+        identity = _file_identity(path)
+        if identity is None:
+            return
+        with classified_errors(REGISTRY):
+            self._db.execute(
+                "INSERT OR REPLACE INTO bad_files (path, size_bytes, mtime_ns, reason, checked_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [*identity, reason, _utc_now()],
+            )
+
+    def _forget_bad_file(self, path: Path) -> None:
+        with classified_errors(REGISTRY):
+            self._db.execute("DELETE FROM bad_files WHERE path = ?", [str(path.resolve())])
 
     def check_free_space(self, needed_bytes: int, *, hint: str | None = None) -> None:
         free_bytes = shutil.disk_usage(self.models_dir).free
@@ -726,6 +785,14 @@ def _utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def _file_identity(path: Path) -> tuple[str, int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return str(path.resolve()), status.st_size, status.st_mtime_ns
+
+
 # --- references that may be paths ------------------------------------------------------------
 
 
@@ -733,15 +800,17 @@ def resolve_model_path(store: ModelStore, ref: str) -> Path:
     """The file a user means by `ref`: "default", a registered id, or a GGUF file on disk.
 
     An unregistered file is validated and loaded once in a child process (a malformed file
-    must not crash the caller), then returned as given.
+    must not crash the caller), then returned as given; a file that failed that check before
+    is refused at once.
     """
     if ref == DEFAULT_REF or store.find(ref) is not None:
         return _existing_registered_file(store.resolve(ref))
     candidate = Path(ref)
     if candidate.exists():
         _require_model_file(candidate)
+        _refuse_known_bad(store, candidate)
         validate_gguf(candidate)
-        check_loads_in_child(candidate)
+        store.check_loads(candidate)
         return candidate
     if _looks_like_path(ref):
         raise ModelFileError(
@@ -749,6 +818,16 @@ def resolve_model_path(store: ModelStore, ref: str) -> Path:
             hint="Check the path, or give the id of an installed model. " + _LIST_HINT,
         )
     return store.get(ref).path  # raises "No model called ..."
+
+
+def _refuse_known_bad(store: ModelStore, path: Path) -> None:
+    reason = store.bad_file_reason(path)
+    if reason is not None:
+        raise ModelFileError(
+            reason,
+            hint="Hearthside checked this file before and will not load it. Download it again, "
+            "or run `hearthside models add` on it to check it once more.",
+        )
 
 
 def _looks_like_path(ref: str) -> bool:

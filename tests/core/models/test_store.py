@@ -432,7 +432,7 @@ def test_resolve_model_path_loads_an_unregistered_file_in_a_child_first(
     store: ModelStore, user_dir: Path
 ) -> None:
     refused_by_llama_cpp = write_tiny_gguf(user_dir / "no-hparams.gguf", seed=3)
-    with pytest.raises(ModelFileError, match="llama.cpp could not read"):
+    with pytest.raises(ModelFileError, match="llama.cpp could not load"):
         resolve_model_path(store, str(refused_by_llama_cpp))
 
 
@@ -473,7 +473,7 @@ def test_add_refuses_a_file_the_validator_passes_but_llama_cpp_cannot_read(
     store: ModelStore, tiny: Path
 ) -> None:
     # Structurally sound GGUF, but no llama hyperparameters or vocabulary: llama.cpp refuses.
-    with pytest.raises(ModelFileError, match="llama.cpp could not read this model file"):
+    with pytest.raises(ModelFileError, match="llama.cpp could not load this model file"):
         store.add(tiny)
     assert files_in(store.models_dir) == []
     assert store.list() == []
@@ -499,7 +499,7 @@ def test_a_crashing_child_is_a_model_file_error(tiny: Path) -> None:
 
 def test_a_hanging_child_is_killed_and_reported(tiny: Path) -> None:
     started = time.monotonic()
-    with pytest.raises(ModelFileError, match="did not finish reading this model file within"):
+    with pytest.raises(ModelFileError, match="did not finish loading this model file within"):
         check_loads_in_child(tiny, timeout_s=0.5, command=_child("import time; time.sleep(30)"))
     assert time.monotonic() - started < 10
 
@@ -546,7 +546,7 @@ def test_a_schema_1_registry_is_migrated_and_keeps_its_models(tiny: Path) -> Non
         assert (record.id, record.is_default, record.path) == ("old-model", True, tiny.resolve())
         assert (record.variant_of, record.part_count) == (None, 1)
     with raw_registry(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == store_module.SCHEMA_VERSION
 
 
 def test_an_installed_split_model_is_one_model_and_removing_it_deletes_every_part(
