@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -75,3 +76,27 @@ def text_table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(line.rstrip() for line in lines)
+
+
+# Characters that steer a terminal or reorder what it shows: C0 and C1 controls (ESC starts
+# CSI and OSC sequences, BEL ends OSC, newlines fake table rows), DEL, the line and paragraph
+# separators, and the BiDi embeddings, overrides, isolates and marks.
+_UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: object) -> str:
+    """`text` safe to print on a terminal: every control character shown as an escape
+    (`\\x1b`, `\\n`, `\\u202e`), so a string from a model file cannot move the cursor, clear
+    the screen, set the window title or add lines of its own."""
+    return _UNPRINTABLE.sub(_escape_character, str(text))
+
+
+def _escape_character(match: re.Match[str]) -> str:
+    character = match.group()
+    if character in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[character]
+    code = ord(character)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hearthside.app.cli_support import reports_errors, text_table
+from hearthside.app.cli_support import printable, reports_errors, text_table
 from hearthside.app.models_hub_cli import add_hub_commands
 from hearthside.app.progress import ProgressLine
 from hearthside.core.errors import HearthsideError
@@ -100,28 +100,33 @@ def format_models(records: Sequence[ModelRecord]) -> str:
     header = ("ID", "NAME", "SIZE", "QUANT", "ARCH", "DEFAULT")
     rows = [
         (
-            record.id,
-            record.name + (" (linked)" if record.linked else "") + _variant_note(record),
+            printable(record.id),
+            printable(record.name) + (" (linked)" if record.linked else "") + _variant_note(record),
             human_size(record.size_bytes),
-            record.quant or "?",
-            record.architecture or "?",
+            printable(record.quant or "?"),
+            printable(record.architecture or "?"),
             "*" if record.is_default else "",
         )
         for record in records
     ]
     text = text_table([header, *rows])
-    notices = [f"  {record.id}: {record.licence}" for record in records if record.licence]
+    notices = [
+        f"  {printable(record.id)}: {printable(record.licence)}"
+        for record in records
+        if record.licence
+    ]
     if notices:
         text += "\n\nLicences:\n" + "\n".join(notices)
     return text
 
 
 def _variant_note(record: ModelRecord) -> str:
-    return f" (variant of {record.variant_of})" if record.variant_of else ""
+    return f" (variant of {printable(record.variant_of)})" if record.variant_of else ""
 
 
 def _describe(record: ModelRecord) -> str:
-    return f"{record.id} ({record.name}, {human_size(record.size_bytes)})"
+    """A record in one line; its id and name come from the model file, hence `printable`."""
+    return f"{printable(record.id)} ({printable(record.name)}, {human_size(record.size_bytes)})"
 
 
 # --- handlers --------------------------------------------------------------------------------
@@ -148,9 +153,9 @@ def _add_model(args: argparse.Namespace) -> int:
         has_default = store.default() is not None
     print(f"Added {_describe(record)}.")
     if record.linked:
-        print(f"It stays at {record.path}; Hearthside will never delete that file.")
+        print(f"It stays at {printable(record.path)}; Hearthside will never delete that file.")
     if not has_default:
-        print(f"Make it the default with `hearthside models default {record.id}`.")
+        print(f"Make it the default with `hearthside models default {printable(record.id)}`.")
     return EXIT_OK
 
 
@@ -159,11 +164,11 @@ def _remove_model(args: argparse.Namespace) -> int:
     with _open_store() as store:
         will_delete = not args.keep_file and store.owns_file(store.get(args.model_id))
         record = store.remove(args.model_id, delete_file=not args.keep_file)
-    print(f"Removed {record.id}.")
+    print(f"Removed {printable(record.id)}.")
     if will_delete:
         print("Its file was deleted.")
     else:
-        print(f"Its file was left at {record.path}.")
+        print(f"Its file was left at {printable(record.path)}.")
     return EXIT_OK
 
 
@@ -194,7 +199,7 @@ def _install_default(args: argparse.Namespace) -> int:
     marker = " (the default)" if record.is_default else ""
     print(f"Installed {_describe(record)}{marker}.")
     if record.licence:
-        print(record.licence)
+        print(printable(record.licence))
     return EXIT_OK
 
 
@@ -216,11 +221,14 @@ def _show_model(args: argparse.Namespace) -> int:
 
 def format_spec(spec: ModelSpec) -> str:
     """The readable summary of a model spec: the numbers, then bytes per tensor group."""
-    lines = [f"{spec.name}  ({spec.architecture}, from {_spec_origin(spec)})", ""]
-    lines += [f"  {label:<13}{value}" for label, value in _spec_facts(spec)]
-    lines += ["", *("  " + row for row in text_table(_group_rows(spec)).splitlines())]
+    name, architecture = printable(spec.name), printable(spec.architecture)
+    lines = [f"{name}  ({architecture}, from {printable(_spec_origin(spec))})", ""]
+    lines += [f"  {label:<13}{printable(value)}" for label, value in _spec_facts(spec)]
+    rows = [tuple(printable(cell) for cell in row) for row in _group_rows(spec)]
+    lines += ["", *("  " + row for row in text_table(rows).splitlines())]
     if spec.unknown:
-        lines += ["", "Could not be determined: " + ", ".join(spec.unknown) + "."]
+        unknown = ", ".join(printable(field) for field in spec.unknown)
+        lines += ["", f"Could not be determined: {unknown}."]
     return "\n".join(lines)
 
 

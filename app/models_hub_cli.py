@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from hearthside.app.cli_support import reports_errors, text_table
+from hearthside.app.cli_support import printable, reports_errors, text_table
 from hearthside.app.progress import ProgressLine
 from hearthside.core.models.download import download_model
 from hearthside.core.models.hub import (
@@ -80,7 +80,7 @@ def _size(size_bytes: int | None) -> str:
 
 
 def _describe(record: ModelRecord) -> str:
-    return f"{record.id} ({record.name}, {human_size(record.size_bytes)})"
+    return f"{printable(record.id)} ({printable(record.name)}, {human_size(record.size_bytes)})"
 
 
 # --- search ----------------------------------------------------------------------------------
@@ -92,10 +92,10 @@ def format_search_results(results: Sequence[HubRepoSummary]) -> str:
     header = ("REPO", "DOWNLOADS", "LIKES", "UPDATED")
     rows = [
         (
-            result.repo + (" (gated)" if result.gated else ""),
+            printable(result.repo) + (" (gated)" if result.gated else ""),
             str(result.downloads) if result.downloads is not None else "?",
             str(result.likes) if result.likes is not None else "?",
-            (result.last_modified or "?")[:10],
+            printable((result.last_modified or "?")[:10]),
         )
         for result in results
     ]
@@ -120,7 +120,12 @@ def _search(args: argparse.Namespace) -> int:
 def format_hub_files(files: Sequence[HubFile]) -> str:
     header = ("#", "FILE", "SIZE", "QUANT")
     rows = [
-        (str(number), hub_file.display_name, _size(hub_file.size_bytes), hub_file.quant or "?")
+        (
+            str(number),
+            printable(hub_file.display_name),
+            _size(hub_file.size_bytes),
+            printable(hub_file.quant or "?"),
+        )
         for number, hub_file in enumerate(files, start=1)
     ]
     return text_table([header, *rows])
@@ -151,7 +156,7 @@ def _pull(args: argparse.Namespace) -> int:
         _print_json("model", record.to_dict())
         return EXIT_OK
     print(f"Added {_describe(record)}.")
-    print(f"Chat with it: `hearthside chat --model {record.id}`.")
+    print(f"Chat with it: `hearthside chat --model {printable(record.id)}`.")
     return EXIT_OK
 
 
@@ -237,5 +242,8 @@ def _quantize(args: argparse.Namespace) -> int:
     if args.json:
         _print_json("model", record.to_dict())
         return EXIT_OK
-    print(f"Added {_describe(record)}, a {record.quant} variant of {record.variant_of}.")
+    print(
+        f"Added {_describe(record)}, a {printable(record.quant)} variant of "
+        f"{printable(record.variant_of)}."
+    )
     return EXIT_OK

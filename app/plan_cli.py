@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+from hearthside.app.cli_support import printable
 from hearthside.app.probe_cli import load_profile
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.memory import WeightPiece, pieces_from_gguf
@@ -178,11 +179,15 @@ def describe_choice(choice: VariantChoice) -> str:
         f"Variant   {_variant_name(choice.chosen)} chosen for goal {choice.goal}: {choice.reason}"
     ]
     lines += [f"  other   {_variant_line(outcome)}" for outcome in choice.runners_up]
-    lines += [f"Advice    {line}" for line in choice.advice]
+    lines += [f"Advice    {printable(line)}" for line in choice.advice]
     return "\n".join(lines) + "\n" + describe_plan(choice.plan)
 
 
 def _variant_name(outcome: VariantOutcome) -> str:
+    return printable(_plain_variant_name(outcome))
+
+
+def _plain_variant_name(outcome: VariantOutcome) -> str:
     variant = outcome.variant
     if variant.can_be_made:
         return f"{variant.label} (can be made from {variant.made_from})"
@@ -208,7 +213,7 @@ def describe_plan(result: Plan) -> str:
         else "does not fit"
     )
     lines = [
-        f"{result.model}: {verdict} (goal {result.goal}, {result.confidence})",
+        f"{printable(result.model)}: {verdict} (goal {result.goal}, {result.confidence})",
         f"Settings  GPU layers {'all' if config.n_gpu_layers == -1 else config.n_gpu_layers}"
         + (
             f", experts of the first {cpu_expert_layers(config)} layers on the CPU"
@@ -224,12 +229,13 @@ def describe_plan(result: Plan) -> str:
     ]
     for device in result.devices:
         lines.append(
-            f"          {device.device:8} {device.weights_bytes / GIB:7.1f}G "
+            f"          {printable(device.device):8} {device.weights_bytes / GIB:7.1f}G "
             f"{device.kv_bytes / GIB:6.1f}G {device.compute_bytes / GIB:7.1f}G "
             f"{device.used_bytes / GIB:7.1f}G / {device.capacity_bytes / GIB:.1f}G"
         )
     lines += [
-        f"Why       {reason.setting} = {reason.value}: {reason.why}" for reason in result.reasons
+        printable(f"Why       {reason.setting} = {reason.value}: {reason.why}")
+        for reason in result.reasons
     ]
-    lines += [f"Advice    {line}" for line in result.advice]
+    lines += [f"Advice    {printable(line)}" for line in result.advice]
     return "\n".join(lines)

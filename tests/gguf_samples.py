@@ -13,7 +13,9 @@ _CONTROL_TOKEN_TYPE = 3
 _UNKNOWN_TOKEN_TYPE = 2
 
 
-def write_tiny_gguf(path: Path, *, seed: int = 0, loadable: bool = False) -> Path:
+def write_tiny_gguf(
+    path: Path, *, seed: int = 0, loadable: bool = False, name: str | None = None
+) -> Path:
     """A valid GGUF of two small F32 tensors. Seeds give different bytes (and sha256).
 
     With `loadable`, it is instead a complete one-layer llama model (about 0.8 MB) with an SPM
@@ -22,7 +24,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, loadable: bool = False) -> Pat
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(path, "llama")
-    writer.add_name(f"Tiny Test {seed}")
+    writer.add_name(f"Tiny Test {seed}" if name is None else name)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     rng = np.random.default_rng(seed)
     if loadable:

@@ -243,6 +243,7 @@ class MainWindow(QMainWindow):
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
         self.model_label = QLabel("No model loaded", self)
+        self.model_label.setTextFormat(Qt.TextFormat.PlainText)  # a name from a model file
         self.install_progress = QProgressBar(self)
         self.install_progress.setMaximumWidth(200)
         self.install_progress.setTextVisible(True)

@@ -434,6 +434,7 @@ class ModelsPage(QWidget):
         row = QHBoxLayout(self.progress_row)
         row.setContentsMargins(0, 0, 0, 0)
         self.progress_label = QLabel()
+        self.progress_label.setTextFormat(Qt.TextFormat.PlainText)
         self.progress_bar = QProgressBar()
         self.progress_bar.setRange(0, PERCENT)
         self.cancel_button = QPushButton("Cancel")
@@ -472,6 +473,7 @@ class ModelsPage(QWidget):
         layout.setContentsMargins(16, 12, 16, 14)
         self.details_title = QLabel()
         self.details_title.setObjectName("cardTitle")
+        self.details_title.setTextFormat(Qt.TextFormat.PlainText)  # names come from model files
         layout.addWidget(self.details_title)
         self.details_form = QFormLayout()
         self.details_form.setHorizontalSpacing(16)
@@ -490,6 +492,7 @@ class ModelsPage(QWidget):
             label = QLabel(name)
             label.setObjectName("muted")
             text = QLabel(value)
+            text.setTextFormat(Qt.TextFormat.PlainText)
             text.setWordWrap(True)
             text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             self.details_form.addRow(label, text)
@@ -788,6 +791,7 @@ class QuantizeDialog(QDialog):
         form.addRow("Quantization", self.type_box)
         layout.addLayout(form)
         self.plan_label = QLabel()
+        self.plan_label.setTextFormat(Qt.TextFormat.PlainText)
         self.plan_label.setWordWrap(True)
         layout.addWidget(self.plan_label)
         self.buttons = QDialogButtonBox(

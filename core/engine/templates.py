@@ -2,12 +2,17 @@
 
 A GGUF's `tokenizer.chat_template` is code written by whoever made the file; plain Jinja
 rendering of it was CVE-2024-34359 (code execution in llama-cpp-python). The sandbox blocks
-attribute tricks; the caps below stop templates that loop forever or build huge strings.
+attribute tricks; the caps below stop templates that loop forever or build huge strings,
+and `template_limits` bounds every single call that can grow a value, inside the call.
 """
 
 from __future__ import annotations
 
+import json.encoder
+import pprint
+import string
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -15,8 +20,17 @@ from types import FrameType
 from typing import Any
 
 import jinja2
+import jinja2.filters
+import jinja2.utils
+import markupsafe
+from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from markupsafe import Markup
 
+from hearthside.core.engine import template_limits as limits
+from hearthside.core.engine.template_limits import SizeGuard, TemplateTimeout
 from hearthside.core.errors import TemplateError
 
 RENDER_TIME_LIMIT_S = 1.0
@@ -33,34 +47,100 @@ TRANSCRIPT_TEMPLATE = (
 TRANSCRIPT_STOPS = ("\nQuestion:",)
 # Jinja compiles templates made with from_string under this file name.
 _TEMPLATE_FILENAME = "<template>"
+# Pure-Python code that filters and `str.format` loop in: the deadline is checked on each of
+# their lines too, so that one long call cannot outlive it.
+_WATCHED_FILES = frozenset(
+    module.__file__
+    for module in (jinja2.filters, jinja2.utils, textwrap, json.encoder, pprint, string, markupsafe)
+    if module.__file__
+) | {_TEMPLATE_FILENAME}
 
 
-class _TemplateTimeout(Exception):
-    pass
+class _CappedCodeGenerator(CodeGenerator):
+    """Jinja's code generator, except that `a ~ b` checks the size of what it joins first.
+
+    The same as Jinja 3.1's `visit_Concat` (without constant folding) plus the check.
+    """
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        if frame.eval_ctx.volatile:
+            join = "(markup_join if context.eval_ctx.volatile else str_join)"
+        elif frame.eval_ctx.autoescape:
+            join = "markup_join"
+        else:
+            join = "str_join"
+        self.write(f"environment.checked_concat({join}(environment.checked_pieces((")
+        for argument in node.nodes:
+            self.visit(argument, frame)
+            self.write(", ")
+        self.write("))))")
 
 
 class _CappedSandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, plus a cap on the size of `*` and `**` results."""
+    """The immutable sandbox, with every operation that can grow a value bounded inside the
+    call (see template_limits): operators, filters, str methods, `~`, blocks and output."""
 
-    intercepted_binops = frozenset({"*", "**"})
+    code_generator_class = _CappedCodeGenerator
+    intercepted_binops = frozenset({"+", "*", "**", "%"})
+
+    def __init__(self, max_chars: int, **options: Any) -> None:
+        self.guard = SizeGuard(max_chars)
+        super().__init__(finalize=self._checked_output, **options)
+        for name, original in list(self.filters.items()):
+            self.filters[name] = limits.bounded_filter(name, original, self.guard)
+        self.filters["join"] = limits.bounded_join(self.guard)
+        self.filters["sum"] = limits.bounded_sum(self.guard)
+        self.globals["lipsum"] = limits.bounded_lipsum(self.guard)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and _is_number(left) and _is_number(right) and abs(right) > 64:
-            raise TemplateError("The chat template computed an oversized power.")
-        if operator == "*" and _repeat_length(left, right) > RENDER_MAX_CHARS:
-            raise TemplateError("The chat template tried to build an oversized value.")
-        return super().call_binop(context, operator, left, right)
+        limits.check_binop(self.guard, operator, left, right)
+        return self.guard.charge(super().call_binop(context, operator, left, right))
 
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        args = limits.check_str_method(__self.guard, __obj, args)
+        result = super().call(__context, __obj, *args, **kwargs)
+        if isinstance(__obj, Macro):
+            return result  # its text was built, and counted, by `concat`
+        return __self.guard.charge(result)
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    def concat(self, pieces: Iterable[str]) -> str:
+        """Joins the text of a `{% set %}` block, a macro or a `{% filter %}` block."""
+        pieces = list(pieces)
+        self.guard.refuse_over(sum(map(len, pieces)))
+        return self.guard.charge("".join(pieces))
 
+    def checked_pieces(self, pieces: tuple[Any, ...]) -> tuple[Any, ...]:
+        limit = self.guard.max_chars
+        self.guard.refuse_over(sum(limits.text_size(piece, limit) for piece in pieces))
+        return pieces
 
-def _repeat_length(left: Any, right: Any) -> int:
-    for sequence, count in ((left, right), (right, left)):
-        if isinstance(sequence, str | list | tuple) and isinstance(count, int):
-            return len(sequence) * max(count, 0)
-    return 0
+    def checked_concat(self, joined: str) -> str:
+        return self.guard.charge(joined)
+
+    def _checked_output(self, value: Any) -> Any:
+        self.guard.check_text_of(value)
+        return value
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """`str.format` and `format_map`, counting each field against the cap."""
+        if super().wrap_str_format(value) is None:
+            return None
+        text: str = value.__self__
+        is_format_map = value.__name__ == "format_map"
+        guard = self.guard
+
+        def formatter() -> string.Formatter:
+            if isinstance(text, Markup):
+                return limits.BoundedEscapeFormatter(self, guard, escape=text.escape)
+            return limits.BoundedFormatter(self, guard)
+
+        def bounded_format(*args: Any, **kwargs: Any) -> str:
+            if is_format_map and (kwargs or len(args) != 1):
+                raise TypeError("format_map() takes exactly one argument")
+            positional, named = ((), args[0]) if is_format_map else (args, kwargs)
+            return guard.charge(type(text)(formatter().vformat(text, positional, named)))
+
+        return bounded_format
 
 
 def _raise_exception(message: str) -> None:
@@ -92,6 +172,7 @@ class ChatTemplate:
         self.time_limit_s = time_limit_s
         self.max_chars = max_chars
         env = _CappedSandbox(
+            max_chars,
             trim_blocks=True,
             lstrip_blocks=True,
             extensions=["jinja2.ext.loopcontrols"],
@@ -117,10 +198,11 @@ class ChatTemplate:
             "eos_token": self.eos_token,
         }
         deadline = time.monotonic() + self.time_limit_s
+        budget = limits.start_render(deadline, self.max_chars)
         try:
             with _deadline_trace(deadline):
                 return self._render_capped(variables)
-        except _TemplateTimeout as exc:
+        except TemplateTimeout as exc:
             raise TemplateError(
                 f"The model's chat template ran longer than {self.time_limit_s:g} s; "
                 "it was stopped."
@@ -131,6 +213,8 @@ class ChatTemplate:
             raise TemplateError("The model's chat template tried something unsafe.") from exc
         except Exception as exc:  # a template can fail in any way Python code can
             raise TemplateError(f"The model's chat template failed: {exc}") from exc
+        finally:
+            limits.end_render(budget)
 
     def _render_capped(self, variables: dict[str, Any]) -> str:
         pieces: list[str] = []
@@ -144,10 +228,11 @@ class ChatTemplate:
 
 
 class _deadline_trace:
-    """Raise _TemplateTimeout inside template code once `deadline` has passed.
+    """Raise TemplateTimeout inside template code once `deadline` has passed.
 
     Jinja compiles a template to Python, so a line tracer limited to the template's frames
-    can interrupt a runaway loop; a thread-based timeout could not stop it.
+    (and the pure-Python helpers they call) can interrupt a runaway loop; a thread-based
+    timeout could not stop it.
     """
 
     def __init__(self, deadline: float) -> None:
@@ -162,7 +247,7 @@ class _deadline_trace:
         sys.settrace(self._previous)
 
     def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if frame.f_code.co_filename == _TEMPLATE_FILENAME:
+        if frame.f_code.co_filename in _WATCHED_FILES:
             self._check()
             return self._on_line
         return None
@@ -173,4 +258,4 @@ class _deadline_trace:
 
     def _check(self) -> None:
         if time.monotonic() > self.deadline:
-            raise _TemplateTimeout()
+            raise TemplateTimeout()

@@ -48,6 +48,62 @@ def load_or_create_api_key(path: Path) -> str:
         ) from None
 
 
+def load_or_create_user_key_file(path: Path) -> str:
+    """The key in a file the user named (`--api-key-file`); a new key when there is no file.
+
+    Unlike our own key file, this path may hold anything of the user's: a file that is not a
+    Hearthside key is refused, never overwritten, and an existing folder keeps its mode.
+    """
+    try:
+        if os.path.lexists(path):
+            return _existing_user_key(path)
+        _create_missing_folders(path.parent)
+        return _publish_new_key(path)
+    except OSError as exc:
+        raise ApiKeyFileError(
+            f"Hearthside could not read or create the API key file {path}.",
+            hint=f"Check that you can write to {path.parent} ({exc.strerror or 'I/O error'}).",
+        ) from None
+
+
+def _existing_user_key(path: Path) -> str:
+    key = _read_valid_key(path)
+    if key is None:
+        raise _not_a_key_file(path)
+    _restrict_to_owner(path)
+    return key
+
+
+def _not_a_key_file(path: Path) -> ApiKeyFileError:
+    return ApiKeyFileError(
+        f"{path} holds something that is not a Hearthside API key; Hearthside will not "
+        "overwrite it.",
+        hint="Point --api-key-file at a new path or at a key file Hearthside wrote.",
+    )
+
+
+def _create_missing_folders(folder: Path) -> None:
+    """Create the folders leading to `folder` that are missing, each private to this user."""
+    missing = [parent for parent in (folder, *folder.parents) if not parent.exists()]
+    for parent in reversed(missing):
+        parent.mkdir(mode=0o700, exist_ok=True)
+        if os.name == "posix":
+            parent.chmod(0o700)  # mkdir's mode is narrowed by the umask, not widened
+
+
+def _publish_new_key(path: Path) -> str:
+    key = secrets.token_urlsafe(KEY_ENTROPY_BYTES)
+    draft = _write_private_draft(path, key)
+    try:
+        os.link(draft, path)  # fails if a file appeared meanwhile: never replace one
+    except FileExistsError:
+        return _existing_user_key(path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            draft.unlink()
+    return key
+
+
 def is_loopback_host(host: str) -> bool:
     """True for addresses reachable only from this computer: 127.0.0.0/8, ::1, localhost."""
     name = host.strip().removeprefix("[").removesuffix("]")
