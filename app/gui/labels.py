@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
 
@@ -14,3 +16,10 @@ def make_label(text: str = "", name: str | None = None, *, wrap: bool = True) ->
     if name:
         label.setObjectName(name)
     return label
+
+
+def plain_tooltip(text: str) -> str:
+    """`text` for setToolTip, shown as written: Qt renders a tooltip that looks like HTML as
+    rich text, and a model's name or path may hold markup (`<img src=…>`)."""
+    escaped = html.escape(text).replace("\n", "<br>")
+    return f"<p style='white-space:pre-wrap'>{escaped}</p>"

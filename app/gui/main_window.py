@@ -46,6 +46,7 @@ from hearthside.app.gui.conversation_list import ConversationList
 from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
 from hearthside.app.gui.hardware_page import HardwarePage
 from hearthside.app.gui.icons import app_icon, icon
+from hearthside.app.gui.labels import plain_tooltip
 from hearthside.app.gui.message_bar import MessageBar
 from hearthside.app.gui.model_loader import (
     LoadOptions,
@@ -406,11 +407,11 @@ class MainWindow(QMainWindow):
         remote = remote_config_of(loaded)
         if remote is not None:
             self.model_label.setText(remote_status_text(loaded.name, remote))
-            self.model_label.setToolTip(remote.model_path)
+            self.model_label.setToolTip(plain_tooltip(remote.model_path))
         else:
             self.model_label.setText(loaded.name)
             why = f"\n{self._settings_why}" if self._settings_why else ""
-            self.model_label.setToolTip(loaded.config.model_path + why)
+            self.model_label.setToolTip(plain_tooltip(loaded.config.model_path + why))
             self.plan_page.set_loaded_model(loaded.model_id or loaded.config.model_path)
         self.chat_pane.input.setFocus()
 

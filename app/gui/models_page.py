@@ -45,6 +45,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hearthside.app.gui.labels import plain_tooltip
 from hearthside.app.gui.message_bar import MessageBar
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
 from hearthside.core.errors import HearthsideError, describe_error
@@ -555,7 +556,7 @@ class ModelsPage(QWidget):
         for row, record in enumerate(self._records):
             for column, text in enumerate(row_texts(record)):
                 item = QTableWidgetItem(text)
-                item.setToolTip(self._tooltip(record, column, text))
+                item.setToolTip(plain_tooltip(self._tooltip(record, column, text)))
                 self.table.setItem(row, column, item)
         self.table.setVisible(bool(self._records))
         self.empty_hint.setVisible(not self._records)

@@ -59,3 +59,13 @@ def test_the_status_bar_shows_the_loaded_models_markup_name_as_text(
     with open_window(hearthside_home, model_id) as window:
         assert window.model_label.text() == MARKUP_NAME
         assert shows_the_markup_as_text(window.model_label)
+
+
+def test_tooltips_show_model_text_as_written() -> None:
+    from PySide6.QtGui import QTextDocument
+
+    from hearthside.app.gui.labels import plain_tooltip
+
+    document = QTextDocument()
+    document.setHtml(plain_tooltip(f"{MARKUP_NAME}\n/models/a.gguf"))
+    assert document.toPlainText() == f"{MARKUP_NAME}\n/models/a.gguf"
