@@ -8,12 +8,14 @@ from pathlib import Path
 
 from hearthside.app.progress import ProgressLine
 from hearthside.app.terminal_chat import (
+    DEFAULT_MAX_TOKENS,
     ChatOptions,
     engine_config_for,
     run_one_prompt,
     run_repl,
     status,
 )
+from hearthside.app.terminal_history import LATEST, Resume
 from hearthside.core.engine.bench import BenchReport, run_bench
 from hearthside.core.engine.engine import Engine
 from hearthside.core.engine.service import EngineService
@@ -37,11 +39,42 @@ def add_chat_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_model_options(chat, settings)
     chat.add_argument("--prompt", help="answer this one prompt on stdout and exit")
     chat.add_argument("--system", help="system prompt")
-    chat.add_argument("--max-tokens", type=int, default=None, help="longest reply, in tokens")
+    chat.add_argument(
+        "--max-tokens",
+        type=_reply_tokens,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"longest reply, in tokens (default {DEFAULT_MAX_TOKENS}, as in the window; "
+        "0: until the model stops or the context is full)",
+    )
     chat.add_argument("--temperature", type=float, default=settings.temperature)
     chat.add_argument("--seed", type=int, default=None, help="sampling seed")
     chat.add_argument("--stats", action="store_true", help="print speed after each reply")
+    chat.add_argument(
+        "--resume",
+        nargs="?",
+        const=LATEST,
+        type=_chat_id,
+        metavar="ID",
+        help="continue a saved chat (the latest without ID; /history lists them)",
+    )
+    chat.add_argument(
+        "--no-history", action="store_true", help="do not save this chat in the history"
+    )
     chat.set_defaults(handler=_run_chat)
+
+
+def _reply_tokens(text: str) -> int | None:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"a number of tokens (0: no limit), not {text!r}")
+    return int(text) or None
+
+
+def _chat_id(text: str) -> Resume:
+    if text == LATEST:  # argparse passes the bare flag's const through here too
+        return LATEST
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a chat id is a number (see /history), not {text!r}")
+    return int(text)
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -67,6 +100,8 @@ def _chat_options(args: argparse.Namespace) -> ChatOptions:
         temperature=args.temperature,
         seed=args.seed,
         show_stats=args.stats,
+        resume=args.resume,
+        keep_history=not args.no_history,
     )
 
 

@@ -7,6 +7,9 @@ and the same queue as for a local model, the remote's model behind it.
 from __future__ import annotations
 
 import argparse
+import re
+import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 from hearthside.app.terminal_chat import config_for, start_loading, status
@@ -15,11 +18,18 @@ from hearthside.core.engine.remote import RemoteConfig
 from hearthside.core.engine.service import EngineService
 from hearthside.core.paths import data_dir
 from hearthside.core.server.app import ServerSettings
-from hearthside.core.server.controller import serve_foreground
-from hearthside.core.server.keys import check_bind_is_safe, load_or_create_api_key
+from hearthside.core.server.controller import check_bind_address, serve_foreground
+from hearthside.core.server.keys import (
+    check_bind_is_safe,
+    is_loopback_host,
+    load_or_create_api_key,
+    load_or_create_user_key_file,
+)
 from hearthside.core.settings import Settings
 
 DEFAULT_PORT = 8765
+# "name:port", "1.2.3.4:port" or "[v6]:port": a Host value that already names its port.
+_HAS_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+):\d+")
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -39,25 +49,33 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--no-key", action="store_true", help="accept requests without a key (loopback only)"
     )
-    serve.add_argument("--lan-host", action="append", default=[], help="extra Host name:port")
+    serve.add_argument(
+        "--lan-host",
+        "--allow-host",
+        dest="lan_host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests addressed to NAME or NAME:PORT (repeatable), e.g. studio.local",
+    )
     serve.add_argument("--cors-origin", action="append", default=[], help="allowed web origin")
     serve.add_argument("--max-queue", type=int, default=settings.max_queue)
     serve.set_defaults(handler=_run_serve)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    check_bind_address(args.host)  # before anything loads: fail fast
     chosen = config_for(args.model, args.ctx, None, None)
-    api_key = None
-    if not args.no_key:
-        api_key = load_or_create_api_key(args.api_key_file or data_dir() / "api_key")
+    api_key = None if args.no_key else _api_key(args.api_key_file)
     check_bind_is_safe(args.host, api_key)  # before the model loads: fail fast
+    lan_hosts = allowed_lan_hosts(args.lan_host, args.port)
     with EngineService(max_queue=args.max_queue) as service:
         loaded = start_loading(service, chosen).result()
         settings = ServerSettings(
             host=args.host,
             port=args.port,
             api_key=api_key,
-            extra_hosts=tuple(args.lan_host),
+            extra_hosts=lan_hosts,
             cors_origins=tuple(args.cors_origin),
             model_id=served_model_id(loaded),
         )
@@ -65,9 +83,17 @@ def _run_serve(args: argparse.Namespace) -> int:
         status(f"Serving {settings.model_id} at http://{host}:{args.port}/v1")
         if api_key:
             status(f"API key: {api_key}")
+        if not is_loopback_host(args.host):
+            status(lan_access_note(settings.security_policy().allowed_hosts()))
         status("Press Ctrl-C to stop.")
         serve_foreground(settings, service)
     return 0
+
+
+def _api_key(key_file: Path | None) -> str:
+    if key_file is None:
+        return load_or_create_api_key(data_dir() / "api_key")
+    return load_or_create_user_key_file(key_file)
 
 
 def served_model_id(config: EngineConfig | RemoteConfig) -> str:
@@ -75,3 +101,28 @@ def served_model_id(config: EngineConfig | RemoteConfig) -> str:
     if isinstance(config, RemoteConfig):
         return config.model or config.model_path
     return Path(config.model_path).stem
+
+
+def allowed_lan_hosts(names: Iterable[str], port: int) -> tuple[str, ...]:
+    """The exact Host values to accept for `--lan-host` names: a name without a port gets the
+    port the API listens on, since clients send `Host: name:port`."""
+    return tuple(_with_port(name.strip(), port) for name in names if name.strip())
+
+
+def _with_port(name: str, port: int) -> str:
+    if _HAS_PORT.fullmatch(name):
+        return name
+    if ":" in name and not name.startswith("["):
+        name = f"[{name}]"  # a bare IPv6 address
+    return f"{name}:{port}"
+
+
+def lan_access_note(allowed_hosts: Iterable[str]) -> str:
+    """What `serve` says when it listens beyond this computer: the Host names it answers, and
+    how to add the one other computers will use."""
+    example = f"{socket.gethostname()}.local"
+    return (
+        f"Answering requests addressed to {', '.join(sorted(allowed_hosts))}. Other computers "
+        f"reach it by a name or address: add each one with --lan-host NAME (e.g. --lan-host "
+        f"{example} or --lan-host 192.168.1.20)."
+    )

@@ -7,13 +7,16 @@ prompt leaves. Status lines go to stderr so stdout carries only the model's word
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from hearthside.app.progress import ProgressLine
+from hearthside.app.terminal_history import Resume, TerminalChatRecord, recent_chats_text
 from hearthside.autotune.load_settings import LoadSettings, choose_load_settings
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig, SamplingParams
@@ -21,6 +24,7 @@ from hearthside.core.engine.engine import ChatMessage, GenerationMetrics, Genera
 from hearthside.core.engine.remote import RemoteConfig
 from hearthside.core.engine.remotes import remote_config, remote_name
 from hearthside.core.engine.service import EngineService, Job
+from hearthside.core.history.store import ConversationStore
 from hearthside.core.models.default_model import ensure_default_model
 from hearthside.core.models.store import ModelStore, resolve_model_path
 from hearthside.core.paths import data_dir, models_dir
@@ -29,7 +33,13 @@ from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_hardware
 
 T = TypeVar("T")
-HELP = "Commands: /new starts a new chat, /system TEXT sets the system prompt, /exit leaves."
+HELP = (
+    "Commands: /new starts a new chat, /system TEXT sets the system prompt, /history lists "
+    "saved chats, /exit leaves."
+)
+# The window's suggested "Longest reply" (app/gui/chat_settings_dialog.py): a reply ends
+# there rather than running on until the context is full.
+DEFAULT_MAX_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -39,10 +49,12 @@ class ChatOptions:
     n_threads: int | None = None
     n_threads_batch: int | None = None
     system_prompt: str | None = None
-    max_tokens: int | None = None
+    max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: until the model stops
     temperature: float = 0.7
     seed: int | None = None
     show_stats: bool = False
+    resume: Resume = None  # continue this saved chat (or the latest) instead of a new one
+    keep_history: bool = True
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -135,10 +147,12 @@ def _write_reply_piece(text: str) -> None:
     sys.stdout.flush()
 
 
-def _wait(job: Job[T]) -> T:
-    """Wait for `job`; Ctrl-C cancels it (within one token) and the partial reply is kept."""
+def _wait(job: Job[T], on_tick: Callable[[], None] = lambda: None) -> T:
+    """Wait for `job`, calling `on_tick` as it runs; Ctrl-C cancels it (within one token) and
+    the partial reply is kept."""
     try:
         while not job.done():
+            on_tick()
             time.sleep(0.05)
     except KeyboardInterrupt:
         job.cancel()
@@ -166,67 +180,102 @@ def _describe(metrics: GenerationMetrics) -> str:
 
 
 def _ask(
-    service: EngineService, history: list[ChatMessage], options: ChatOptions
+    service: EngineService, record: TerminalChatRecord, text: str, options: ChatOptions
 ) -> GenerationResult:
-    job = service.chat(history, options.sampling(), on_text=_write_reply_piece)
-    result = _wait(job)
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    """Send `text` in the chat, stream the reply to stdout and save both as they come. Nothing
+    stays saved for a request that fails (the chat never holds two user turns in a row)."""
+    pieces: list[str] = []  # appended on the engine thread; read here, under the GIL
+
+    def on_text(piece: str) -> None:
+        pieces.append(piece)
+        _write_reply_piece(piece)
+
+    job = service.chat([*record.messages(), ChatMessage("user", text)], options.sampling(), on_text)
+    user_message_id = record.add_user_message(text)
+    record.begin_reply()
+    try:
+        result = _wait(job, on_tick=lambda: record.save_progress("".join(pieces)))
+    except BaseException:
+        record.forget_reply(user_message_id)
+        raise
+    finally:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    record.finish_reply(result)
     return result
 
 
-def _opening_messages(options: ChatOptions) -> list[ChatMessage]:
-    if options.system_prompt:
-        return [ChatMessage("system", options.system_prompt)]
-    return []
+@contextmanager
+def _chat_record(options: ChatOptions) -> Iterator[TerminalChatRecord]:
+    """The chat in the window's history, or in a throwaway one with `--no-history`."""
+    with ExitStack() as stack:
+        root = data_dir()
+        if not options.keep_history:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hearthside-")))
+        store = stack.enter_context(ConversationStore(root))
+        yield TerminalChatRecord.open(
+            store, options.resume, options.system_prompt, options.sampling()
+        )
 
 
 def run_one_prompt(options: ChatOptions, prompt: str) -> int:
-    service = _start_service(options)
-    try:
-        history = [*_opening_messages(options), ChatMessage("user", prompt)]
-        result = _ask(service, history, options)
-        if options.show_stats:
-            status(_describe(result.metrics))
-        return 130 if result.metrics.stop_reason == "cancelled" else 0
-    finally:
-        service.stop()
+    with _chat_record(options) as record:
+        service = _start_service(options)
+        try:
+            result = _ask(service, record, prompt, options)
+            if options.show_stats:
+                status(_describe(result.metrics))
+            return 130 if result.metrics.stop_reason == "cancelled" else 0
+        finally:
+            service.stop()
 
 
 def run_repl(options: ChatOptions) -> int:
-    service = _start_service(options)
-    status(f"Chatting with {Path(service.loaded_config.model_path).name}. {HELP}")  # type: ignore[union-attr]
-    history = _opening_messages(options)
-    try:
-        while True:
-            try:
-                line = input("\nyou> ").strip()
-            except (EOFError, KeyboardInterrupt):
-                status("\nBye.")
-                return 0
-            if not line:
-                continue
-            if line.startswith("/"):
-                if line == "/exit":
-                    return 0
-                history = _apply_command(line, history)
-                continue
-            history.append(ChatMessage("user", line))
-            result = _ask(service, history, options)
-            history.append(ChatMessage("assistant", result.text))
-            if options.show_stats or result.metrics.stop_reason == "cancelled":
-                status(_describe(result.metrics))
-    finally:
-        service.stop()
+    with _chat_record(options) as record:
+        service = _start_service(options)
+        try:
+            _greet(service, record)
+            return _converse(service, record, options)
+        finally:
+            service.stop()
 
 
-def _apply_command(line: str, history: list[ChatMessage]) -> list[ChatMessage]:
+def _greet(service: EngineService, record: TerminalChatRecord) -> None:
+    name = Path(service.loaded_config.model_path).name  # type: ignore[union-attr]
+    if record.messages():
+        status(f"Continuing chat {record.id} ({record.conversation.title}) with {name}. {HELP}")
+    else:
+        status(f"Chatting with {name}. {HELP}")
+
+
+def _converse(service: EngineService, record: TerminalChatRecord, options: ChatOptions) -> int:
+    while True:
+        try:
+            line = input("\nyou> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            status("\nBye.")
+            return 0
+        if not line:
+            continue
+        if line == "/exit":
+            return 0
+        if line.startswith("/"):
+            _apply_command(line, record)
+            continue
+        result = _ask(service, record, line, options)
+        if options.show_stats or result.metrics.stop_reason == "cancelled":
+            status(_describe(result.metrics))
+
+
+def _apply_command(line: str, record: TerminalChatRecord) -> None:
     command, _, argument = line.partition(" ")
     if command == "/new":
+        record.start_over(record.conversation.system_prompt)
         status("New chat.")
-        return [m for m in history if m.role == "system"]
-    if command == "/system":
+    elif command == "/system":
+        record.start_over(argument)
         status("System prompt set for a new chat." if argument else "System prompt cleared.")
-        return [ChatMessage("system", argument)] if argument else []
-    status(HELP)
-    return history
+    elif command == "/history":
+        status(recent_chats_text(record.store, record.id))
+    else:
+        status(HELP)

@@ -243,6 +243,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     max_tokens: int | None = None  # None: until the model stops or the context is full
+    # With max_tokens None: stop after this many all the same. A bound nobody asked for, so it
+    # is not checked against the context up front (the API's cap for clients that send none).
+    default_max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
     grammar: str | None = None  # GBNF the reply must follow (JSON output, tool calls)

@@ -24,6 +24,7 @@ from llama_cpp.llama_grammar import LlamaGrammar
 
 from hearthside.core.engine import native_log
 from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
+from hearthside.core.engine.grammar_limits import GrammarError, check_grammar_bounds
 from hearthside.core.engine.load_report import parse_load_log
 from hearthside.core.engine.metrics import GenerationMetrics
 from hearthside.core.engine.speculative import (
@@ -320,14 +321,29 @@ class Engine:
 
     def _checked_grammar(self, gbnf: str | None) -> LlamaGrammar | None:
         """A grammar llama.cpp has parsed once: llama-cpp-python would add a failed (NULL)
-        grammar sampler to its chain and crash the process on the first token."""
+        grammar sampler to its chain and crash the process on the first token.
+
+        llama.cpp's parser recurses once per nested group and per leading rule reference, so
+        a grammar of unbounded depth overflows this thread's stack and kills the process
+        (SIGSEGV). `check_grammar_bounds` runs first and keeps every grammar far below the
+        depths measured to crash (grammar_limits.py), so parsing it here is safe.
+        """
         if gbnf is None:
             return None
-        probe = llama_cpp.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
+        check_grammar_bounds(gbnf)
+        try:
+            native = gbnf.encode()
+        except UnicodeEncodeError:
+            raise GrammarError(
+                "The grammar for the requested output format is not valid Unicode."
+            ) from None
+        probe = llama_cpp.llama_sampler_init_grammar(self._vocab, native, b"root")
         if not probe:
-            raise EngineError(
-                "The requested output format could not be turned into a grammar.",
-                hint="Simplify the JSON schema (or tool parameters) and try again.",
+            raise GrammarError(
+                "The requested output format could not be turned into a grammar: llama.cpp "
+                "refused it (for example a `$ref` that leads back to itself before any text, "
+                "which is left recursion, or a `pattern` it cannot read).",
+                hint="Fix or simplify the JSON schema (or tool parameters) and try again.",
             )
         llama_cpp.llama_sampler_free(probe)
         return LlamaGrammar.from_string(gbnf, verbose=False)
@@ -431,7 +447,7 @@ class _GenerationRun:
 
     def _until_limits(self, tokens: Iterator[int], cancel: threading.Event) -> Iterator[int]:
         """The generated tokens, up to EOS, max_tokens, a full context or cancellation."""
-        max_tokens = self.sampling.max_tokens
+        max_tokens = self.sampling.max_tokens or self.sampling.default_max_tokens
         n_ctx = self.engine.n_ctx
         try:
             for token in tokens:

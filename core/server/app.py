@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import uuid
@@ -25,10 +26,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearthside.core.engine.config import EngineConfigError, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
+from hearthside.core.engine.grammar_limits import GrammarError
 from hearthside.core.engine.remote import RemoteEngine, RemoteServerError
 from hearthside.core.engine.service import EngineService, Job, LoadedEngine
 from hearthside.core.errors import (
@@ -50,6 +53,7 @@ from hearthside.core.server.security import SecurityMiddleware, SecurityPolicy, 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context_full": "length"}
 DISCONNECT_POLL_S = 0.1
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,7 @@ def error_response(exc: HearthsideError) -> JSONResponse:
         return openai_error(
             400, exc.message, type_="invalid_request_error", code="context_length_exceeded"
         )
-    if isinstance(exc, EngineConfigError | structured.StructuredOutputError):
+    if isinstance(exc, EngineConfigError | structured.StructuredOutputError | GrammarError):
         return openai_error(400, exc.message, type_="invalid_request_error")
     if isinstance(exc, JobCancelledError):
         return openai_error(499, exc.message, type_="invalid_request_error", code="cancelled")
@@ -201,7 +205,8 @@ def _add_routes(app: FastAPI, settings: ServerSettings, service: EngineService) 
             _sampling(body, settings)  # the same limits as for a local model
             relay = _Relay("chat/completions", _as_sent(body), body.stream, settings.model_id)
             return await relay.respond(request, service)
-        plan = _chat_plan(body, settings)
+        # Off the event loop: a large (bounded) schema must not stall other requests.
+        plan = await run_in_threadpool(_chat_plan, body, settings)
         return await _respond(plan, body.stream, body.include_usage(), request, service, settings)
 
     @app.post("/v1/completions")
@@ -248,6 +253,16 @@ class GenerationPlan:
         return engine.generate(tokens, self.sampling, on_text=on_text, cancel=cancel)
 
 
+# What a request that sets no sampling field gets: llama.cpp's defaults, as llama-server
+# applies them. The openai SDK and LangChain send no temperature at all; sampling from the raw
+# distribution (temperature 1, no top-k/top-p/min-p) made small models ramble.
+LLAMA_CPP_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
+def _or_default(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
 def _sampling(
     body: ChatCompletionRequest | CompletionRequest, settings: ServerSettings
 ) -> SamplingParams:
@@ -255,13 +270,14 @@ def _sampling(
     if max_tokens is not None and max_tokens > settings.max_tokens_cap:
         raise EngineConfigError(f"max_tokens may be at most {settings.max_tokens_cap}.")
     return SamplingParams(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=0,  # OpenAI clients expect top_p and temperature alone to shape sampling
-        min_p=0.0,
+        temperature=_or_default(body.temperature, LLAMA_CPP_SAMPLING["temperature"]),
+        top_p=_or_default(body.top_p, LLAMA_CPP_SAMPLING["top_p"]),
+        top_k=int(_or_default(body.top_k, LLAMA_CPP_SAMPLING["top_k"])),
+        min_p=_or_default(body.min_p, LLAMA_CPP_SAMPLING["min_p"]),
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
         max_tokens=max_tokens,
+        default_max_tokens=settings.max_tokens_cap,  # a client that asks for no limit
         stop=body.stop_sequences(),
         seed=body.seed,
     )
@@ -323,8 +339,15 @@ async def _respond(
         put = _thread_safe_put(pieces)
         job = _submit(plan, service, put)
         job.future.add_done_callback(lambda _f: put(None))
+        try:
+            first = await _first_event(pieces, job, request)
+        except ClientGone:
+            return Response(status_code=499)
+        if first is None:
+            job.result()  # a request refused before its first token gets a proper status
         return StreamingResponse(
-            _event_stream(job, pieces, reply, include_usage), media_type="text/event-stream"
+            _event_stream(job, first, pieces, reply, include_usage),
+            media_type="text/event-stream",
         )
     job = _submit(plan, service, None)
     try:
@@ -370,6 +393,7 @@ async def _wait_unless_client_leaves(job: Job[T], request: Request) -> T:
 
 async def _event_stream(
     job: Job[GenerationResult],
+    first: str | None,
     pieces: asyncio.Queue[str | None],
     reply: _ReplyFormat,
     include_usage: bool,
@@ -377,13 +401,16 @@ async def _event_stream(
     try:
         for chunk in reply.opening():
             yield _sse(chunk)
-        while (piece := await pieces.get()) is not None:
+        piece = first
+        while piece is not None:
             for chunk in reply.pieces(piece):
                 yield _sse(chunk)
+            piece = await pieces.get()
         try:
             result = job.result()
-        except HearthsideError as exc:
-            yield _sse({"error": json.loads(bytes(error_response(exc).body))["error"]})
+        except Exception as exc:  # the stream has started: the error goes in it, then [DONE]
+            yield _sse({"error": _error_body(exc)})
+            yield b"data: [DONE]\n\n"
             return
         for chunk in reply.closing(result, include_usage):
             yield _sse(chunk)
@@ -391,6 +418,18 @@ async def _event_stream(
     finally:
         if not job.done():  # the client went away mid-stream
             job.cancel()
+
+
+def _error_body(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, HearthsideError):
+        return dict(json.loads(bytes(error_response(exc).body))["error"])
+    log.error("unexpected %s in a stream", type(exc).__name__, exc_info=exc)
+    return {
+        "message": "Internal error in Hearthside.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -586,10 +625,10 @@ def _remote(engine: LoadedEngine | None) -> RemoteEngine:
 
 
 async def _first_event(
-    events: asyncio.Queue[dict[str, Any] | None], job: Job[None], request: Request
-) -> dict[str, Any] | None:
+    events: asyncio.Queue[T | None], job: Job[Any], request: Request
+) -> T | None:
     """The stream's first event (None when the job ended without one); polls for the client
-    leaving while the remote evaluates the prompt."""
+    leaving while the engine (or the remote) evaluates the prompt."""
     while True:
         try:
             return await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)

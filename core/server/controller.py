@@ -3,6 +3,7 @@ for `hearthside serve`."""
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 
@@ -11,28 +12,55 @@ import uvicorn
 from hearthside.core.engine.service import EngineService
 from hearthside.core.errors import HearthsideError
 from hearthside.core.server.app import RequestCounter, ServerSettings, create_app
+from hearthside.core.server.http_protocol import HttpLimits, protocol_with
 from hearthside.core.server.keys import check_bind_is_safe
 
 START_TIMEOUT_S = 10.0
-# Requests with more header bytes than this are refused by the HTTP parser.
-MAX_HEADER_BYTES = 16 * 1024
+# Requests with more header bytes than this are refused (431) by the HTTP protocol.
+MAX_HEADER_BYTES = HttpLimits().max_header_bytes
 
 
 class ServerStartError(HearthsideError):
     """The API server could not start (port taken, unsafe bind...)."""
 
 
+class BindAddressError(ServerStartError):
+    """The address to listen on is one the API cannot, or should not, bind."""
+
+
+def check_bind_address(host: str) -> None:
+    """Refuse IPv4 addresses written as IPv6 (`::ffff:127.0.0.1`): the server's IPv6 socket is
+    IPv6-only, so binding one fails with a bare `[Errno 22]` after the model has loaded."""
+    try:
+        address = ipaddress.ip_address(host.strip().removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        raise BindAddressError(
+            f"The API cannot listen on {host}: it is the IPv4 address "
+            f"{address.ipv4_mapped} written in IPv6 form.",
+            hint=f"Use --host {address.ipv4_mapped} instead.",
+        )
+
+
 def uvicorn_config(
-    settings: ServerSettings, service: EngineService, counter: RequestCounter | None = None
+    settings: ServerSettings,
+    service: EngineService,
+    counter: RequestCounter | None = None,
+    limits: HttpLimits | None = None,
 ) -> uvicorn.Config:
+    check_bind_address(settings.host)
     check_bind_is_safe(settings.host, settings.api_key)
+    limits = limits or HttpLimits()
     return uvicorn.Config(
         create_app(settings, service, counter),
         host=settings.host,
         port=settings.port,
+        http=protocol_with(limits),
         log_level="warning",
         access_log=False,  # request lines can carry prompts in query strings; keep them out
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        timeout_keep_alive=limits.keep_alive_s,
         timeout_graceful_shutdown=2,
     )
 
@@ -40,10 +68,12 @@ def uvicorn_config(
 class ServerController:
     """The API on a background thread; `start()` returns once it accepts connections."""
 
-    def __init__(self, settings: ServerSettings, service: EngineService) -> None:
+    def __init__(
+        self, settings: ServerSettings, service: EngineService, limits: HttpLimits | None = None
+    ) -> None:
         self.settings = settings
         self._counter = RequestCounter()
-        self._server = uvicorn.Server(uvicorn_config(settings, service, self._counter))
+        self._server = uvicorn.Server(uvicorn_config(settings, service, self._counter, limits))
         self._thread = threading.Thread(target=self._server.run, name="hearthside-api", daemon=True)
 
     @property

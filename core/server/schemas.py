@@ -3,15 +3,55 @@ passed on; out-of-range values are refused with a 400 naming the field."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_SEQUENCES = 4
+# JSON's "\ud800" decodes to a lone surrogate, which no UTF-8 encoder (nor llama.cpp) takes.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class _TextChecked(_Request):
+    """Refuses text that is not valid Unicode in any field, naming the field. (Not on
+    ContentPart: inside `content`'s union its error would hide behind the `str` branch's.)"""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _check_unicode(cls, value: Any) -> Any:
+        surrogate = first_lone_surrogate(value)
+        if surrogate is not None:
+            raise ValueError(
+                f"the text is not valid Unicode: it holds a lone UTF-16 surrogate "
+                f"(\\u{ord(surrogate):04x}); send UTF-8 text, and write a character beyond "
+                "U+FFFF as a surrogate pair in JSON"
+            )
+        return value
+
+
+def first_lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate in any string inside `value` (keys too), walked without
+    recursion; None when there is none."""
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, str):
+            found = LONE_SURROGATE.search(node)
+            if found:
+                return found.group()
+        elif isinstance(node, dict):
+            pending.extend(node.keys())
+            pending.extend(node.values())
+        elif isinstance(node, list | tuple):
+            pending.extend(node)
+        elif isinstance(node, BaseModel):
+            pending.extend(node.__dict__.values())
+    return None
 
 
 class ContentPart(_Request):
@@ -19,7 +59,7 @@ class ContentPart(_Request):
     text: str | None = None
 
 
-class ChatMessageIn(_Request):
+class ChatMessageIn(_TextChecked):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -32,11 +72,14 @@ class ChatMessageIn(_Request):
         return self.content or ""
 
 
-class _Sampling(_Request):
+class _Sampling(_TextChecked):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Unset: llama.cpp's own defaults (llama-server's too), see `_sampling` in app.py.
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0, description="llama.cpp extension")
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0, description="llama.cpp extension")
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is generated.")
@@ -85,6 +128,6 @@ class CompletionRequest(_Sampling):
         return self.max_tokens or 16  # OpenAI's default for completions
 
 
-class EmbeddingRequest(_Request):
+class EmbeddingRequest(_TextChecked):
     model: str | None = None
     input: str | list[str]

@@ -81,7 +81,19 @@ class _Refusal:
         )
 
 
-HOST_NOT_ALLOWED = _Refusal(403, "This Host is not allowed.", "host_not_allowed")
+def host_not_allowed(port: int) -> _Refusal:
+    """The 403 for a Host outside the allowlist, saying how to add a name (the Host sent is
+    not echoed: a refusal repeats nothing the client sent)."""
+    return _Refusal(
+        403,
+        f"This Host is not allowed. The API answers requests addressed to 127.0.0.1:{port}, "
+        f"localhost:{port}, [::1]:{port} and the names it was started with. To use another "
+        "name or address (for example from another computer), start it with "
+        "`hearthside serve --lan-host NAME` (repeatable), NAME being the host in your URL.",
+        "host_not_allowed",
+    )
+
+
 ORIGIN_NOT_ALLOWED = _Refusal(403, "This web origin is not allowed.", "origin_not_allowed")
 MISSING_KEY = _Refusal(
     401,
@@ -105,6 +117,7 @@ class SecurityMiddleware:
         self.app = app
         self.policy = policy
         self._allowed_hosts = {host.encode("latin-1") for host in policy.allowed_hosts()}
+        self._host_refusal = host_not_allowed(policy.port)
         self._allowed_origins = {o.lower().encode("latin-1") for o in policy.cors_origins}
         self._key = policy.api_key.encode() if policy.api_key is not None else None
 
@@ -119,7 +132,7 @@ class SecurityMiddleware:
     async def _handle_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _RequestHeaders(scope)
         if not self._host_allowed(headers):
-            await self._refuse(HOST_NOT_ALLOWED, scope, receive, send)
+            await self._refuse(self._host_refusal, scope, receive, send)
             return
         origin = headers.only(b"origin")
         if headers.count(b"origin") > 1 or (origin is not None and not self._origin_ok(origin)):

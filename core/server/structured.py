@@ -14,31 +14,22 @@ import copy
 import json
 import re
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llama_cpp.llama_grammar import SchemaConverter
-
-from hearthside.core.errors import HearthsideError
+from hearthside.core.engine.grammar_limits import GrammarError, check_grammar_bounds
+from hearthside.core.server.schema_converter import BoundedSchemaConverter
+from hearthside.core.server.schema_limits import (
+    StructuredOutputError,
+    check_json_nesting,
+    check_schema,
+    subschemas,
+)
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
-# Validation keywords llama.cpp's schema converter drops silently: a reply could break them.
-UNENFORCEABLE_KEYWORDS = frozenset(
-    {
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-        "patternProperties", "propertyNames", "minProperties", "maxProperties",
-        "uniqueItems", "contains", "minContains", "maxContains",
-        "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef",
-    }
-)  # fmt: skip
-SCHEMA_MAP_KEYWORDS = ("properties", "$defs", "definitions")
-SCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems")
-SCHEMA_VALUE_KEYWORDS = ("items", "additionalProperties")
-MAX_SCHEMA_DEPTH = 32
 # The converter's string `char` admits raw control characters, which strict JSON parsers reject.
 STRICT_JSON_CHAR_RULE = (
     r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] '
@@ -64,67 +55,18 @@ _CONVERTER_FAILURES = (
 )
 
 
-class StructuredOutputError(HearthsideError):
-    """A `response_format`, `tools` or `tool_choice` field is malformed or unsupported."""
-
-
 # ---- JSON schemas to GBNF ----------------------------------------------------------------
-
-
-def _check_schema_supported(schema: Any, path: str = "$", depth: int = 0) -> None:
-    if not isinstance(schema, Mapping):
-        if isinstance(schema, bool) and path != "$":
-            return
-        raise StructuredOutputError(f"The JSON schema at {path} must be an object.")
-    if depth > MAX_SCHEMA_DEPTH:
-        raise StructuredOutputError("The JSON schema is nested too deeply.")
-    unenforceable = sorted(UNENFORCEABLE_KEYWORDS.intersection(schema))
-    if unenforceable:
-        keyword = unenforceable[0]
-        raise StructuredOutputError(
-            f"The JSON schema uses `{keyword}` (at {path}), which Hearthside cannot enforce.",
-            hint=f"Remove `{keyword}` from the schema and check that value yourself.",
-        )
-    ref = schema.get("$ref")
-    if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
-        raise StructuredOutputError(
-            f"The JSON schema refers to {ref!r} (at {path}); only local `#/...` refs work."
-        )
-    for child_path, child in _subschemas(schema, path):
-        _check_schema_supported(child, child_path, depth + 1)
-
-
-def _subschemas(schema: Mapping[str, Any], path: str) -> Iterator[tuple[str, Any]]:
-    for keyword in SCHEMA_MAP_KEYWORDS:
-        children = schema.get(keyword)
-        if isinstance(children, Mapping):
-            for key, child in children.items():
-                yield f"{path}.{keyword}.{key}", child
-    for keyword in SCHEMA_LIST_KEYWORDS:
-        children = schema.get(keyword)
-        if isinstance(children, list):
-            for index, child in enumerate(children):
-                yield f"{path}.{keyword}[{index}]", child
-    for keyword in SCHEMA_VALUE_KEYWORDS:
-        child = schema.get(keyword)
-        if isinstance(child, Mapping):
-            yield f"{path}.{keyword}", child
-        elif isinstance(child, list):
-            for index, item in enumerate(child):
-                yield f"{path}.{keyword}[{index}]", item
 
 
 class _GrammarBuilder:
     """Converts JSON schemas into named GBNF rules of one grammar, then adds a `root`."""
 
     def __init__(self) -> None:
-        self._converter = SchemaConverter(
-            prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
-        )
+        self._converter = BoundedSchemaConverter()
 
     def add_schema(self, schema: Mapping[str, Any], rule_name: str) -> str:
         """Rules for `schema`; returns the rule that matches it (never `root`)."""
-        _check_schema_supported(schema)
+        check_schema(schema)
         own_copy = copy.deepcopy(dict(schema))  # the converter rewrites `$ref`s in place
         try:
             resolved = self._converter.resolve_refs(own_copy, "")
@@ -137,7 +79,12 @@ class _GrammarBuilder:
 
     def grammar(self, root_rule: str, *extra_rules: str) -> str:
         rules = [_strict_json_rule(line) for line in self._converter.format_grammar().splitlines()]
-        return "\n".join([f"root ::= {root_rule}", *extra_rules, *rules]) + "\n"
+        grammar = "\n".join([f"root ::= {root_rule}", *extra_rules, *rules]) + "\n"
+        try:
+            check_grammar_bounds(grammar)
+        except GrammarError as exc:
+            raise StructuredOutputError(exc.message, hint=exc.hint) from None
+        return grammar
 
 
 def _strict_json_rule(line: str) -> str:
@@ -238,6 +185,7 @@ def _parse_tool(tool: Any, where: str) -> ToolSpec:
     parameters = function.get("parameters", NO_PARAMETERS)
     if not isinstance(parameters, Mapping):
         raise StructuredOutputError(f"{where}.function.parameters must be a JSON schema object.")
+    check_json_nesting(parameters, f"{where}.function.parameters")  # before copying it
     return ToolSpec(name=name, description=description, parameters=copy.deepcopy(dict(parameters)))
 
 
@@ -290,8 +238,14 @@ def _named_tool(tools: Sequence[ToolSpec], choice: Any) -> ToolSpec:
 
 
 def _tool_grammar(tools: Sequence[ToolSpec], *, allow_plain_text: bool) -> str:
-    calls = [_call_schema(tool) for tool in tools]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if len(tools) == 1:
+        schema = _call_schema(tools[0], "#/properties/arguments")
+    else:  # llama.cpp's converter resolves refs through objects only, never list indices
+        calls = {
+            f"call-{i}": _call_schema(tool, f"#/$defs/call-{i}/properties/arguments")
+            for i, tool in enumerate(tools)
+        }
+        schema = {"$defs": calls, "anyOf": [{"$ref": f"#/$defs/{name}"} for name in calls]}
     builder = _GrammarBuilder()
     call_rule = builder.add_schema(schema, "tool-call")
     if allow_plain_text:
@@ -299,14 +253,33 @@ def _tool_grammar(tools: Sequence[ToolSpec], *, allow_plain_text: bool) -> str:
     return builder.grammar(f'" "? {call_rule}')
 
 
-def _call_schema(tool: ToolSpec) -> dict[str, Any]:
+def _call_schema(tool: ToolSpec, arguments_at: str) -> dict[str, Any]:
     # "name" comes first so a stream can announce the tool before its arguments.
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+        "properties": {
+            "name": {"const": tool.name},
+            "arguments": _rebased_refs(tool.parameters, arguments_at),
+        },
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+
+
+def _rebased_refs(parameters: dict[str, Any], root: str) -> dict[str, Any]:
+    """A copy of `parameters` whose local `$ref`s (written against the parameters as their own
+    document) point at `root`, where the parameters sit inside the call schema."""
+    rebased = copy.deepcopy(parameters)
+    pending: list[Any] = [rebased]
+    while pending:
+        schema = pending.pop()
+        if not isinstance(schema, dict):
+            continue
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            schema["$ref"] = root + ref[1:]
+        pending.extend(child for _, child in subschemas(schema, ""))
+    return rebased
 
 
 # ---- parsing replies ---------------------------------------------------------------------

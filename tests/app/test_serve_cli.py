@@ -87,3 +87,26 @@ def test_serve_refuses_a_lan_bind_without_a_key(default_model_file: Path) -> Non
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def test_serve_refuses_a_key_file_that_is_not_a_key(
+    default_model_file: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "documents"
+    folder.mkdir()
+    folder.chmod(0o755)
+    users_file = folder / "thesis.txt"
+    users_file.write_text("Chapter 1\n")
+    users_file.chmod(0o644)
+    result = subprocess.run(
+        [sys.executable, "-m", "hearthside.app.cli", "serve", "--model", str(default_model_file),
+         "--api-key-file", str(users_file), "--port", str(free_port())],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "holds something that is not a Hearthside API key" in result.stderr
+    assert "Point --api-key-file at a new path" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert users_file.read_text() == "Chapter 1\n"
+    assert users_file.stat().st_mode & 0o777 == 0o644
+    assert folder.stat().st_mode & 0o777 == 0o755

@@ -1,0 +1,163 @@
+"""llama.cpp's JSON-schema converter, bounded in time and size, with repetitions that do not nest.
+
+The stock converter writes `maxLength: n` as `(char (char (char ...)?)?)?`, n groups deep:
+llama.cpp's recursive grammar parser refuses that past about 1000 and overflows its stack
+(SIGSEGV) near 18700. Here a length or item count becomes flat `{m,n}` repetitions of named
+rules instead, split into chunks below llama.cpp's ceiling of 2000 for one count (above it,
+llama.cpp would quietly drop the upper bound).
+
+Every rule the converter adds is counted against a step budget, a deadline and a size cap, so
+a schema that would take long (the optional-property rules grow with the square of their
+number) or grow large stops with a clear error instead of holding a worker.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from llama_cpp.llama_grammar import (
+    PRIMITIVE_RULES,
+    RESERVED_NAMES,
+    STRING_FORMAT_RULES,
+    SchemaConverter,
+)
+
+from hearthside.core.engine.grammar_limits import MAX_GRAMMAR_BYTES
+from hearthside.core.server.schema_limits import StructuredOutputError
+
+# Items per chunk: a `{m,n}` count stays at most this, half of llama.cpp's ceiling.
+CHUNK = 1000
+MAX_CONVERSION_STEPS = 200_000
+CONVERSION_SECONDS = 2.0
+# Keys that send the stock `visit` elsewhere before it reaches arrays or string lengths.
+_EARLIER_BRANCHES = frozenset({"$ref", "oneOf", "anyOf", "const", "enum"})
+_HINT = "Simplify the schema: fewer properties, alternatives or `$ref`s that repeat each other."
+
+
+class BoundedSchemaConverter(SchemaConverter):
+    """A `SchemaConverter` that stops past its budget and never nests repetitions."""
+
+    def __init__(self) -> None:
+        super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self._steps = 0
+        self._deadline = time.monotonic() + CONVERSION_SECONDS
+        self._rule_sizes: dict[str, int] = {}
+        self._total_size = 0
+
+    def _add_rule(self, name: str, rule: str) -> str:
+        self._charge_step()
+        key = str(super()._add_rule(name, rule))
+        self._total_size += len(rule) - self._rule_sizes.get(key, 0)
+        self._rule_sizes[key] = len(rule)
+        if self._total_size > MAX_GRAMMAR_BYTES:
+            raise StructuredOutputError(
+                f"The grammar for this JSON schema grows past {MAX_GRAMMAR_BYTES} bytes.",
+                hint=_HINT,
+            )
+        return key
+
+    def _charge_step(self) -> None:
+        self._steps += 1
+        if self._steps > MAX_CONVERSION_STEPS:
+            raise StructuredOutputError(
+                f"Turning this JSON schema into a grammar takes more than "
+                f"{MAX_CONVERSION_STEPS} steps.",
+                hint=_HINT,
+            )
+        if time.monotonic() > self._deadline:
+            raise StructuredOutputError(
+                f"Turning this JSON schema into a grammar takes more than "
+                f"{CONVERSION_SECONDS:g} s.",
+                hint=_HINT,
+            )
+
+    def visit(self, schema: Mapping[str, Any], name: str) -> str:
+        rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
+        if _is_length_bounded_string(schema):
+            return self._bounded_string(schema, rule_name)
+        if _is_array_of_items(schema):
+            return self._array(schema, name, rule_name)
+        return str(super().visit(schema, name))
+
+    def _bounded_string(self, schema: Mapping[str, Any], rule_name: str) -> str:
+        char = str(self._add_primitive("char", PRIMITIVE_RULES["char"]))
+        body = self.repetition(char, schema.get("minLength", 0), schema.get("maxLength"))
+        return self._add_rule(rule_name, rf'"\"" {body} "\"" space')
+
+    def _array(self, schema: Mapping[str, Any], name: str, rule_name: str) -> str:
+        item = self.visit(_item_schema(schema), f"{name}{'-' if name else ''}item")
+        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        if high == 0:
+            return self._add_rule(rule_name, '"[" space "]" space')
+        more = self._add_rule(f"{item}-more", f'"," space {item}')
+        rest = self.repetition(more, max(low - 1, 0), None if high is None else high - 1)
+        items = self._add_rule(f"{rule_name}-items", f"{item} {rest}".strip())
+        optional = "?" if low == 0 else ""
+        return self._add_rule(rule_name, f'"[" space {items}{optional} "]" space')
+
+    def repetition(self, item: str, low: int, high: int | None) -> str:
+        """GBNF for `low` to `high` (None: no limit) of rule `item` in a row: flat `{m,n}`
+        counts of named rules, none above CHUNK, so llama.cpp neither nests nor refuses it."""
+        parts = [self._exactly(item, low)] if low else []
+        if high is None:
+            parts.append(f"{item}*")
+        elif high > low:
+            parts.append(self._up_to(item, high - low))
+        return " ".join(parts)
+
+    def _exactly(self, item: str, count: int) -> str:
+        chunks, rest = divmod(count, CHUNK)
+        parts = [f"{self._chunk(item)}{{{chunks}}}"] if chunks else []
+        if rest:
+            parts.append(f"{item}{{{rest}}}")
+        return " ".join(parts)
+
+    def _up_to(self, item: str, count: int) -> str:
+        if count < CHUNK:
+            return f"{item}{{0,{count}}}"
+        # Either every chunk and a short tail, or fewer chunks and any tail below a chunk:
+        # together exactly 0..count items.
+        chunks, rest = divmod(count, CHUNK)
+        full = f"{self._chunk(item)}{{{chunks}}}" + (f" {item}{{0,{rest}}}" if rest else "")
+        fewer = f"{self._chunk(item)}{{0,{chunks - 1}}} " if chunks > 1 else ""
+        return self._add_rule(f"{item}-up-to-{count}", f"{full} | {fewer}{item}{{0,{CHUNK - 1}}}")
+
+    def _chunk(self, item: str) -> str:
+        return self._add_rule(f"{item}-{CHUNK}", f"{item}{{{CHUNK}}}")
+
+
+_UUID_FORMAT = re.compile(r"^uuid[1-5]?$")
+
+
+def _is_length_bounded_string(schema: Mapping[str, Any]) -> bool:
+    """Whether the stock `visit` would write this schema as a string of bounded length."""
+    if schema.get("type") != "string" or not {"minLength", "maxLength"} & schema.keys():
+        return False
+    if _EARLIER_BRANCHES & schema.keys() or "pattern" in schema:
+        return False
+    string_format = schema.get("format") or ""
+    return not (
+        _UUID_FORMAT.match(string_format) or f"{string_format}-string" in STRING_FORMAT_RULES
+    )
+
+
+def _is_array_of_items(schema: Mapping[str, Any]) -> bool:
+    """Whether the stock `visit` would write this schema as an array of one item schema."""
+    kind = schema.get("type")
+    if kind not in (None, "array") or _EARLIER_BRANCHES & schema.keys():
+        return False
+    if kind is None and _is_object_like(schema):
+        return False
+    return isinstance(_item_schema(schema), Mapping)
+
+
+def _item_schema(schema: Mapping[str, Any]) -> Any:
+    return schema.get("items") or schema.get("prefixItems")
+
+
+def _is_object_like(schema: Mapping[str, Any]) -> bool:
+    extra = schema.get("additionalProperties", True)
+    return "properties" in schema or extra is not True or "allOf" in schema
