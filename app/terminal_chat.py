@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from hearthside.app.cli_support import printable
 from hearthside.app.progress import ProgressLine
 from hearthside.app.terminal_history import Resume, TerminalChatRecord, recent_chats_text
 from hearthside.autotune.load_settings import LoadSettings, choose_load_settings
@@ -112,7 +113,7 @@ def config_for(
 def loading_note(chosen: LoadSettings | RemoteConfig) -> str:
     if isinstance(chosen, RemoteConfig):
         return f"Connecting to {chosen.describe()} …"
-    return f"Loading {Path(chosen.config.model_path).name} … {chosen.why}"
+    return f"Loading {printable(Path(chosen.config.model_path).name)} … {chosen.why}"
 
 
 def config_of(chosen: LoadSettings | RemoteConfig) -> EngineConfig | RemoteConfig:
