@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QTextDocument
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
@@ -49,8 +49,16 @@ def cell(page: ModelsPage, row: int, column: str) -> str:
     return item.text() if item is not None else ""
 
 
+def tooltip_text(tooltip: str) -> str:
+    """A tooltip as people read it (tooltips with model text are escaped HTML)."""
+    document = QTextDocument()
+    document.setHtml(tooltip)
+    return document.toPlainText()
+
+
 def row_of(page: ModelsPage, model_id: str) -> int:
-    names = [page.table.item(r, 0).toolTip().splitlines()[0] for r in range(page.table.rowCount())]
+    tooltips = (page.table.item(row, 0).toolTip() for row in range(page.table.rowCount()))
+    names = [tooltip_text(tooltip).splitlines()[0] for tooltip in tooltips]
     return names.index(model_id)
 
 
