@@ -17,8 +17,8 @@ from hearthside.app.terminal_chat import (
 )
 from hearthside.app.terminal_history import LATEST, Resume
 from hearthside.core.engine.bench import BenchReport, run_bench
-from hearthside.core.engine.engine import Engine
 from hearthside.core.engine.service import EngineService
+from hearthside.core.engine.worker_engine import LocalEngine
 from hearthside.core.settings import Settings
 
 
@@ -118,7 +118,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     with EngineService() as service, ProgressLine("Measuring") as line:
         service.load(config).result()
 
-        def measure(engine: Engine) -> BenchReport:
+        def measure(engine: LocalEngine) -> BenchReport:
             return run_bench(
                 engine,
                 n_prompt=args.n_prompt,

@@ -71,6 +71,18 @@ def reports_errors(handler: Handler) -> Handler:
     return run
 
 
+def parallel_requests(text: str) -> int:
+    """argparse's type for `--parallel N`: a whole number of slots from 1 to MAX_PARALLEL."""
+    from hearthside.core.engine.config import MAX_PARALLEL  # psutil: only when parsing
+
+    value = int(text) if text.strip().isdigit() else 0
+    if not 1 <= value <= MAX_PARALLEL:
+        raise argparse.ArgumentTypeError(
+            f"parallel requests are a whole number from 1 to {MAX_PARALLEL}, not {text!r}"
+        )
+    return value
+
+
 def text_table(rows: Sequence[Sequence[str]]) -> str:
     """Rows as left-aligned columns, the first row being the header."""
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]

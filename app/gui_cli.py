@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from hearthside.app.cli_support import EXIT_ERROR, error_line, start_logging
+from hearthside.app.cli_support import EXIT_ERROR, error_line, parallel_requests, start_logging
 from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import data_dir
 from hearthside.core.settings import Settings
@@ -69,6 +69,14 @@ def add_gui_arguments(gui: argparse.ArgumentParser) -> None:
     gui.add_argument("--threads", type=int, default=settings.threads, help="decode threads")
     gui.add_argument(
         "--batch-threads", type=int, default=settings.batch_threads, help="prompt threads"
+    )
+    gui.add_argument(
+        "--parallel",
+        type=parallel_requests,
+        default=settings.parallel,
+        metavar="N",
+        help="requests answered at once, 1 to 64 (default: the window's setting, else the "
+        "planner's choice)",
     )
     # For tests, benchmarks and the bundle's smoke run; not shown in --help.
     gui.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)

@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from hearthside.app.cli_support import printable
+from hearthside.app.cli_support import parallel_requests, printable
 from hearthside.app.probe_cli import load_profile
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.memory import WeightPiece, pieces_from_gguf
-from hearthside.autotune.planner import Goal, Plan, cpu_expert_layers, plan
+from hearthside.autotune.planner import Goal, Plan, cpu_expert_layers, describe_slots, plan
 from hearthside.autotune.variants import (
     DEFAULT_MIN_DECODE_TPS,
     Variant,
@@ -61,7 +61,17 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
         help="a what-if hardware spec (see `hearthside probe --from-spec`)",
     )
     parser.add_argument("--goal", choices=get_args(Goal), default="balanced")
-    parser.add_argument("--ctx", type=int, default=None, help="context length to plan for")
+    parser.add_argument(
+        "--ctx", type=int, default=None, help="context length to plan for (per request)"
+    )
+    parser.add_argument(
+        "--parallel",
+        type=parallel_requests,
+        default=None,
+        metavar="N",
+        help="requests answered at once, each with its own context, 1 to 64 (default: the "
+        "planner's choice, up to 4 where memory allows)",
+    )
     parser.add_argument(
         "--keep-free-gb",
         type=float,
@@ -98,6 +108,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             free_margin_bytes=int(args.keep_free_gb * GIB),
             calibration=_calibration(profile),
             min_decode_tps=args.min_tps,
+            n_parallel=args.parallel,
         )
         result = choice.plan
         if args.json:
@@ -114,6 +125,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             free_margin_bytes=int(args.keep_free_gb * GIB),
             calibration=_calibration(profile),
             pieces=_file_pieces(args.model),
+            n_parallel=args.parallel,
         )
         if args.json:
             sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
@@ -225,6 +237,7 @@ def describe_plan(result: Plan) -> str:
         f"Speed     ~{result.speed.decode_tps:.1f} tok/s decode (bound by "
         f"{result.speed.decode_bound_by}), ~{result.speed.prefill_tps:.0f} tok/s prefill, "
         f"first token after a 512-token prompt in ~{result.speed.ttft_s:.1f} s",
+        f"Slots     {describe_slots(result)}",
         "Memory    device     weights      KV  compute    used / usable",
     ]
     for device in result.devices:

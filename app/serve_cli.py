@@ -2,6 +2,10 @@
 
 With `--model remote:NAME` it is a proxy over a saved remote server: same address, same key
 and the same queue as for a local model, the remote's model behind it.
+
+`--parallel N` sets how many requests the local model answers at once (slots, each with its
+own `--ctx` tokens of KV cache); without it the planner chooses (up to 4 where memory allows,
+autotune/planner.py). A number that does not fit is backed off, and the loading line says so.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
+from hearthside.app.cli_support import parallel_requests
 from hearthside.app.terminal_chat import config_for, start_loading, status
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.remote import RemoteConfig
@@ -42,7 +47,17 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
-    serve.add_argument("--ctx", type=int, default=settings.context_size, help="context tokens")
+    serve.add_argument(
+        "--ctx", type=int, default=settings.context_size, help="context tokens per request"
+    )
+    serve.add_argument(
+        "--parallel",
+        type=parallel_requests,
+        default=settings.parallel,
+        metavar="N",
+        help="requests answered at once, 1 to 64, each with its own context "
+        "(default: the planner's choice, up to 4 where memory allows)",
+    )
     serve.add_argument(
         "--api-key-file", type=Path, help="file holding the key (default: one per install)"
     )
@@ -65,7 +80,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_serve(args: argparse.Namespace) -> int:
     check_bind_address(args.host)  # before anything loads: fail fast
-    chosen = config_for(args.model, args.ctx, None, None)
+    chosen = config_for(args.model, args.ctx, None, None, args.parallel)
     api_key = None if args.no_key else _api_key(args.api_key_file)
     check_bind_is_safe(args.host, api_key)  # before the model loads: fail fast
     lan_hosts = allowed_lan_hosts(args.lan_host, args.port)
@@ -81,6 +96,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         )
         host = f"[{args.host}]" if ":" in args.host else args.host
         status(f"Serving {settings.model_id} at http://{host}:{args.port}/v1")
+        if isinstance(loaded, EngineConfig):
+            status(slots_note(loaded))
         if api_key:
             status(f"API key: {api_key}")
         if not is_loopback_host(args.host):
@@ -94,6 +111,13 @@ def _api_key(key_file: Path | None) -> str:
     if key_file is None:
         return load_or_create_api_key(data_dir() / "api_key")
     return load_or_create_user_key_file(key_file)
+
+
+def slots_note(config: EngineConfig) -> str:
+    """What `serve` says about its slots: "Answers 4 requests at once, 8192 tokens each." """
+    if config.n_parallel == 1:
+        return f"Answers one request at a time ({config.n_ctx} tokens); others wait their turn."
+    return f"Answers {config.n_parallel} requests at once, {config.n_ctx} tokens each."
 
 
 def served_model_id(config: EngineConfig | RemoteConfig) -> str:

@@ -99,6 +99,16 @@ class TerminalChatRecord:
             self.store.finish_message(self._reply_id, result.text, result.metrics)
             self._reply_id = None
 
+    def keep_partial_reply(self, text: str, user_message_id: int) -> None:
+        """The engine crashed part-way: keep what it wrote, complete like a stopped reply (the
+        window does the same); with nothing written, forget the request as a failed one."""
+        if not text:
+            self.forget_reply(user_message_id)
+            return
+        if self._reply_id is not None:
+            self.store.update_message(self._reply_id, text, complete=True)
+            self._reply_id = None
+
     def forget_reply(self, user_message_id: int) -> None:
         """The request failed: forget it and its reply, so the chat can go on from before."""
         if self._reply_id is not None:

@@ -5,11 +5,16 @@ against what the loader logs (`core/engine/load_report.py`):
 - the input embeddings stay on the CPU; with n_gpu_layers = g, the last g of the n_layer + 1
   "layers" (the blocks, then the output layer) go to the GPUs, split by `tensor_split`;
 - tensor overrides (`-ot`) move matching tensors, e.g. MoE experts, back to the CPU;
-- each layer's KV cache lives with the layer (sliding-window layers hold a window);
+- each layer's KV cache lives with the layer (sliding-window layers hold a window); with
+  `n_parallel` slots every slot holds its own `n_ctx` cells (and its own window), so the cache
+  is `n_parallel` times one slot's: llama.cpp's per-sequence streams (a unified cache holds
+  the same full-context cells and a little less for the windows);
 - on the CPU, weights of some quant types are repacked into a second buffer for faster
   matmuls (Q4_0, Q4_K, IQ4_NL with AVX2 or NEON) while the mmapped range still spans them;
 - the compute buffer is the largest of the graph's phases (logits, attention, FFN) — see
-  docs/architecture.md, "Decisions", for the measurements behind each term.
+  docs/architecture.md, "Decisions", for the measurements behind each term; its attention
+  masks span every slot's cells (a unified cache's layout, the larger of the two), and the
+  logits buffer holds one row per slot (llama.cpp reserves n_seq_max outputs).
 """
 
 from __future__ import annotations
@@ -127,7 +132,8 @@ def estimate_memory(
     _place_weights(estimate, weight_pieces, placement, config, repacked, spec.tied_embeddings)
     _place_kv(estimate, spec, config, placement)
     _place_compute(estimate, spec, config, placement)
-    estimate.device(placement.device_of(n_layers)).output_bytes += _output_bytes(spec, n_outputs)
+    outputs = max(n_outputs, config.n_parallel)
+    estimate.device(placement.device_of(n_layers)).output_bytes += _output_bytes(spec, outputs)
     for index in range(n_layers):
         estimate.device(placement.device_of(index)).layers.append(index)
     return estimate
@@ -284,8 +290,8 @@ def _place_kv(
         n_ubatch=_ubatch(config),
         flash_attn=config.flash_attn,
     )
-    for index, size in by_layer.items():
-        estimate.device(placement.device_of(index)).kv_bytes += size
+    for index, size in by_layer.items():  # each slot has cells of its own
+        estimate.device(placement.device_of(index)).kv_bytes += size * config.n_parallel
 
 
 def _place_compute(
@@ -311,7 +317,7 @@ def _attention_phase(spec: ModelSpec, config: EngineConfig, ubatch: int) -> int:
         activations = FLASH_ATTENTION_ACTIVATIONS * n_embd * ubatch * F32_BYTES
         return _masks(spec, config, ubatch) + activations
     full_cells = spec.kv_cells(config.n_ctx, swa_full=config.swa_full, n_ubatch=ubatch)[0]
-    scores = full_cells * ubatch * (spec.n_head or 0) * F32_BYTES
+    scores = full_cells * config.n_parallel * ubatch * (spec.n_head or 0) * F32_BYTES
     activations = ATTENTION_ACTIVATIONS * n_embd * ubatch * F32_BYTES
     return scores + _masks(spec, config, ubatch) + activations
 
@@ -326,11 +332,11 @@ def _ffn_phase(spec: ModelSpec, config: EngineConfig, ubatch: int) -> int:
 def _masks(spec: ModelSpec, config: EngineConfig, ubatch: int) -> int:
     """Attention masks are graph inputs, alive until the last block: one for the full-context
     layers and, on a sliding-window model, one for the window's cells (f16 with flash
-    attention, else f32)."""
+    attention, else f32), over every slot's cells."""
     full_cells, window_cells = spec.kv_cells(
         config.n_ctx, swa_full=config.swa_full, n_ubatch=ubatch
     )
-    cells = full_cells + (window_cells if spec.swa_layers else 0)
+    cells = (full_cells + (window_cells if spec.swa_layers else 0)) * config.n_parallel
     return cells * ubatch * (F16_BYTES if config.flash_attn else F32_BYTES)
 
 
@@ -345,8 +351,9 @@ def _output_bytes(spec: ModelSpec, n_outputs: int) -> int:
 
 
 def _ubatch(config: EngineConfig) -> int:
-    """The physical batch llama-cpp-python really uses."""
-    return min(config.n_ctx, config.n_batch, config.n_ubatch)
+    """The physical batch llama-cpp-python really uses (it caps the batch at the context it
+    allocates: every slot's)."""
+    return min(config.total_context, config.n_batch, config.n_ubatch)
 
 
 def _layer_count(spec: ModelSpec) -> int:

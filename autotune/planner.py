@@ -5,7 +5,18 @@ figures when there are some): it enumerates candidates — GPU layers, MoE exper
 CPU, KV-cache type, context — sizes each with the memory model, drops those that do not fit,
 predicts their speed, and returns the best for the goal with a reason per setting and the
 runners-up. When nothing fits in memory it says what would (a shorter context, a smaller
-quant) and, if the weights can be streamed from disk, how fast that would be.
+quant, fewer parallel requests) and, if the weights can be streamed from disk, how fast that
+would be.
+
+Parallel requests (`n_parallel`, llama.cpp's sequence slots): each slot has its own `n_ctx`
+tokens of KV cache, so N slots cost N times one slot's cache. Unless asked for a number, the
+planner first chooses everything else for one slot, then gives that plan DEFAULT_PARALLEL
+slots (this window and a few API clients at once) — or fewer, down to 1 — when they fit
+beside it with the same margin. Slots never cost the user anything else: no shorter context,
+no coarser KV cache, no layer moved off the GPU; when memory is tight the plan has one slot
+and its reason says why. A number asked for is planned like an asked-for context (the other
+settings are chosen to make room for it), and when it cannot fit the plan says so and how
+many would.
 
 Speed here is the ESTIMATE rigor of the tuning loop: decode is bounded by the bytes each token
 reads from each memory tier over that tier's bandwidth (only the active experts of a MoE),
@@ -15,7 +26,7 @@ prefill by compute. Measured runs in the autotune DB outrank it (the tuner's job
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -56,6 +67,10 @@ ASSUMED_CPU_BANDWIDTH = 20e9  # bytes/s, a dual-channel desktop, until calibrate
 ASSUMED_DISK_BANDWIDTH = 1.0e9
 PROMPT_TOKENS_FOR_TTFT = 512
 KV_CHOICES = ("f16", "q8_0", "q4_0")
+# Slots the planner gives a model unless asked: the window's chat and a few API clients (an
+# editor, an agent) answered together rather than one after another.
+DEFAULT_PARALLEL = 4
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,7 @@ class Candidate:
             "expert_layers_on_cpu": cpu_expert_layers(self.config),
             "type_k": self.config.type_k,
             "n_ctx": self.config.n_ctx,
+            "n_parallel": self.config.n_parallel,
             "decode_tps": round(self.speed.decode_tps, 1),
             "prefill_tps": round(self.speed.prefill_tps, 1),
             "fits": self.fits,
@@ -134,6 +150,11 @@ class Plan:
     advice: tuple[str, ...] = ()
     schema: int = PLAN_SCHEMA
 
+    @property
+    def kv_bytes(self) -> int:
+        """The KV cache on every device together: all `n_parallel` slots."""
+        return sum(device.kv_bytes for device in self.devices)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["config"] = self.config.to_dict()
@@ -141,6 +162,13 @@ class Plan:
             {**asdict(device), "used_bytes": device.used_bytes, "free_bytes": device.free_bytes}
             for device in self.devices
         ]
+        data["slots"] = {
+            "n_parallel": self.config.n_parallel,
+            "n_ctx_per_slot": self.config.n_ctx,
+            "total_context": self.config.total_context,
+            "kv_bytes": self.kv_bytes,
+            "text": describe_slots(self),
+        }
         return data
 
 
@@ -204,6 +232,8 @@ def plan(
     expert_placement: bool = True,
     pieces: Sequence[WeightPiece] | None = None,
     n_ubatch: int | None = None,
+    n_parallel: int | None = None,
+    kv_types: Sequence[str] = KV_CHOICES,
 ) -> Plan:
     """The settings for `spec` on `profile`. `calibration` may give measured
     "cpu_read_bytes_per_s", "cpu_flops", "disk_read_bytes_per_s", and the engine's costs
@@ -211,31 +241,45 @@ def plan(
     limits a MoE to whole-layer offload (what tools without `-ot` can do); `pieces`, the
     model file's tensors (`pieces_from_gguf`), size it tensor by tensor rather than by the
     spec's groups; `n_ubatch` plans with smaller micro-batches than the engine's default
-    (smaller compute buffers)."""
+    (smaller compute buffers); `n_parallel` asks for that many slots (None: the planner
+    chooses, see the module docstring); `kv_types` limits the KV-cache types tried (the
+    back-off keeps the KV of one slot while it drops slots)."""
     machine = describe_machine(profile, calibration or {})
     contexts = _contexts(spec, goal, n_ctx)
     recipes = matching(spec, profile)
-    preferred_kv = _recipe_setting(recipes, "kv_types", KV_CHOICES)
+    allowed_kv = tuple(kv for kv in KV_CHOICES if kv in kv_types) or KV_CHOICES
+    recipe_kv = _recipe_setting(recipes, "kv_types", KV_CHOICES)
+    preferred_kv = tuple(kv for kv in recipe_kv if kv in allowed_kv) or allowed_kv
     numa = _recipe_setting(recipes, "numa", "off")
     if pieces is None:
         pieces = pieces_from_spec(spec)  # once: sizing each candidate from the spec is slow
 
-    def evaluated(kv_types: Sequence[str]) -> list[Candidate]:
-        configs = _configs(spec, machine, contexts, profile, expert_placement, kv_types)
+    def evaluated(kv_choices: Sequence[str], slots: int) -> list[Candidate]:
+        configs = _configs(spec, machine, contexts, profile, expert_placement, kv_choices)
+        changes: dict[str, Any] = {"n_parallel": slots, "numa": numa}
         if n_ubatch is not None:
-            configs = [config.with_changes(n_ubatch=n_ubatch) for config in configs]
+            changes["n_ubatch"] = n_ubatch
+        configs = [config.with_changes(**changes) for config in configs]
         return [_evaluate(spec, machine, config, free_margin_bytes, pieces) for config in configs]
 
-    candidates = evaluated(preferred_kv)
-    if not any(c.fits for c in candidates) and tuple(preferred_kv) != KV_CHOICES:
-        candidates = evaluated(KV_CHOICES)  # a recipe's preference yields when nothing else fits
-    candidates = [replace(c, config=c.config.with_changes(numa=numa)) for c in candidates]
+    def sized(slots: int) -> list[Candidate]:
+        candidates = evaluated(preferred_kv, slots)
+        if not any(c.fits for c in candidates) and preferred_kv != allowed_kv:
+            return evaluated(allowed_kv, slots)  # a recipe's preference yields when nothing fits
+        return candidates
+
+    candidates = sized(n_parallel or 1)
     fitting = [candidate for candidate in candidates if candidate.fits]
     pool = fitting or [c for c in candidates if c.streams_from_disk]
     if not pool:
-        return _nothing_fits(spec, goal, candidates, machine)
+        fewer = None
+        if n_parallel is not None and n_parallel > 1:
+            fewer = _most_slots_that_fit(n_parallel, lambda n: any(c.fits for c in sized(n)))
+        return _nothing_fits(spec, goal, candidates, machine, fewer)
     ranked = sorted(pool, key=lambda candidate: _score(candidate, goal), reverse=True)
-    best = ranked[0]
+    best, slots_reason = ranked[0], None
+    if n_parallel is None:
+        best, slots_reason = _add_slots(spec, machine, ranked[0], free_margin_bytes, pieces)
     return Plan(
         model=spec.name,
         goal=goal,
@@ -245,10 +289,97 @@ def plan(
         fits=best.fits,
         streams_from_disk=best.streams_from_disk,
         confidence=_confidence(machine, best.speed),
-        reasons=tuple(_reasons(spec, machine, best, candidates, goal) + _recipe_reasons(recipes)),
+        reasons=tuple(
+            _reasons(spec, machine, best, candidates, goal)
+            + [slots_reason or _asked_slots_reason(best.config)]
+            + _recipe_reasons(recipes)
+        ),
         alternatives=tuple(candidate.summary() for candidate in ranked[1:4]),
         advice=tuple(_advice(spec, best)),
     )
+
+
+def _add_slots(
+    spec: ModelSpec,
+    machine: Machine,
+    best: Candidate,
+    margin: int,
+    pieces: Sequence[WeightPiece],
+) -> tuple[Candidate, Reason]:
+    """`best` (planned for one slot) with the most slots up to DEFAULT_PARALLEL that fit
+    beside it, everything else unchanged; with the reason for the number."""
+    config = best.config
+    if not best.fits:
+        why = (
+            "One request at a time: the weights already stream from disk, so there is no "
+            "memory for the KV cache of more."
+        )
+        return best, Reason("n_parallel", "1", why)
+    tried = None
+    for slots in range(DEFAULT_PARALLEL, 1, -1):
+        tried = _evaluate(spec, machine, config.with_changes(n_parallel=slots), margin, pieces)
+        if tried.fits:
+            kv = sum(device.kv_bytes for device in tried.devices)
+            why = (
+                f"{slots} requests at once — this window and API clients — each with its own "
+                f"{config.n_ctx}-token context: the KV cache holds {slots} × {config.n_ctx} "
+                f"tokens ({human_bytes(kv)}), which fits beside the rest with the margin. "
+                "Further requests wait their turn."
+            )
+            return tried, Reason("n_parallel", str(slots), why)
+    assert tried is not None  # DEFAULT_PARALLEL > 1: two slots were tried last
+    worst = min(tried.devices, key=lambda device: device.free_bytes)
+    why = (
+        f"One request at a time: a second slot's KV cache would need "
+        f"{human_bytes(-worst.free_bytes)} more on {worst.device} than the margin leaves, and "
+        "the planner does not shorten the context, quantize the KV cache or move layers off "
+        "the GPU to make room for slots. Other requests wait their turn (--parallel asks for "
+        "more)."
+    )
+    return best, Reason("n_parallel", "1", why)
+
+
+def _asked_slots_reason(config: EngineConfig) -> Reason:
+    slots = config.n_parallel
+    if slots == 1:
+        return Reason("n_parallel", "1", "As asked: one request at a time; others wait.")
+    why = (
+        f"As asked: {slots} requests at once, each with its own {config.n_ctx}-token context "
+        f"(the KV cache holds {slots} × {config.n_ctx} tokens)."
+    )
+    return Reason("n_parallel", str(slots), why)
+
+
+def _most_slots_that_fit(asked: int, fits: Callable[[int], bool]) -> int | None:
+    """The most slots below `asked` with which `fits` holds (None: not even one); a binary
+    search, since more slots never take less memory."""
+    low, high, found = 1, asked - 1, None
+    while low <= high:
+        middle = (low + high) // 2
+        if fits(middle):
+            found, low = middle, middle + 1
+        else:
+            high = middle - 1
+    return found
+
+
+def describe_slots(result: Plan) -> str:
+    """The plan's slots and what their KV cache costs, one line for the CLI and the window:
+    "4 parallel requests × 8192 tokens: KV cache for 32768 tokens, 4.0 GiB"."""
+    config = result.config
+    slots = config.n_parallel
+    requests = "1 request" if slots == 1 else f"{slots} parallel requests"
+    return (
+        f"{requests} × {config.n_ctx} tokens: KV cache for {config.total_context} tokens, "
+        f"{human_bytes(result.kv_bytes)}"
+    )
+
+
+def human_bytes(size_bytes: int) -> str:
+    """Binary units, as memory is counted: 412 MiB, 7.5 GiB."""
+    if size_bytes >= GIB:
+        return f"{size_bytes / GIB:.1f} GiB"
+    return f"{size_bytes / MIB:.0f} MiB"
 
 
 def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) -> Machine:
@@ -381,7 +512,15 @@ def _evaluate(
     # mmap can page weights in from disk when RAM is short, if everything else fits
     streams = gpus_fit and not fits and cpu.free_bytes + cpu.weights_bytes >= 0
     work = token_work(spec, config, machine.gpus, pieces)
-    speed = _speed(spec, machine, estimate, work, streams_from_disk=streams, ram=cpu.capacity_bytes)
+    speed = _speed(
+        spec,
+        machine,
+        estimate,
+        work,
+        streams_from_disk=streams,
+        ram=cpu.capacity_bytes,
+        n_parallel=config.n_parallel,
+    )
     return Candidate(config, devices, speed, fits, streams)
 
 
@@ -513,10 +652,13 @@ def _speed(
     *,
     streams_from_disk: bool,
     ram: int,
+    n_parallel: int = 1,
 ) -> SpeedEstimate:
     """Decode: per tier, each weight type's bytes over the bandwidth its kernels reach, half
-    the KV cache on average, and on the CPU the fixed cost per layer and the logits; then both
-    speeds scaled by what measured runs taught about the tier that bounds decode."""
+    of one slot's KV cache on average (a request reads its own), and on the CPU the fixed
+    cost per layer and the logits; then both speeds scaled by what measured runs taught about
+    the tier that bounds decode. One request's speed: slots decoding together share the
+    weight reads, which this does not model."""
     unused_experts = 1.0 - (spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0)
     seconds_by_tier: dict[str, float] = {}
     kv_seconds = 0.0
@@ -527,7 +669,7 @@ def _speed(
             weights = _cpu_seconds("decode", spec, machine, work)
         else:
             weights = sum(read.values()) / (bandwidth * machine.decode_efficiency)
-        kv = memory.kv_bytes / 2 / (bandwidth * machine.decode_efficiency)
+        kv = memory.kv_bytes / n_parallel / 2 / (bandwidth * machine.decode_efficiency)
         kv_seconds += kv
         seconds_by_tier[name] = weights + kv
     seconds_by_tier[CPU] = seconds_by_tier.get(CPU, 0.0) + logits_seconds(
@@ -709,10 +851,30 @@ def _confidence(machine: Machine, speed: SpeedEstimate) -> Confidence:
 
 
 def _nothing_fits(
-    spec: ModelSpec, goal: Goal, candidates: Sequence[Candidate], machine: Machine
+    spec: ModelSpec,
+    goal: Goal,
+    candidates: Sequence[Candidate],
+    machine: Machine,
+    fewer_slots: int | None = None,
 ) -> Plan:
     closest = min(candidates, key=lambda c: -min(d.free_bytes for d in c.devices))
     short = -min(d.free_bytes for d in closest.devices)
+    advice = (
+        f"Nothing fits: the closest settings are {short / GIB:.1f} GiB short. Try a shorter "
+        "context (--ctx), a smaller quant, or free GPU memory."
+    )
+    slots = closest.config.n_parallel
+    if slots > 1:
+        would = (
+            f"{fewer_slots} would (--parallel {fewer_slots})"
+            if fewer_slots is not None
+            else "not even one would at this context"
+        )
+        advice = (
+            f"{slots} parallel requests of {closest.config.n_ctx} tokens each do not fit: the "
+            f"closest settings are {short / GIB:.1f} GiB short, and {would}. Fewer parallel "
+            "requests, a shorter context (--ctx) or a smaller quant make room."
+        )
     return Plan(
         model=spec.name,
         goal=goal,
@@ -724,10 +886,7 @@ def _nothing_fits(
         confidence=_confidence(machine, closest.speed),
         reasons=(),
         alternatives=(),
-        advice=(
-            f"Nothing fits: the closest settings are {short / GIB:.1f} GiB short. Try a shorter "
-            "context (--ctx), a smaller quant, or free GPU memory.",
-        ),
+        advice=(advice,),
     )
 
 

@@ -1121,7 +1121,10 @@ def llama_server_command(
         argv += ["-ts", ",".join(_tensor_split(plan)), "-sm", config.split_mode]
     for override in config.tensor_overrides:
         argv += ["-ot", override.to_flag()]
-    argv += ["-c", str(config.n_ctx), "-fa", "on" if config.flash_attn else "off"]
+    # llama-server's -c is every slot's context together, shared out over -np slots
+    argv += ["-c", str(config.total_context), "-fa", "on" if config.flash_attn else "off"]
+    if config.n_parallel > 1:
+        argv += ["-np", str(config.n_parallel)]
     argv += ["--cache-type-k", config.type_k, "--cache-type-v", config.type_v]
     if config.n_threads:
         argv += ["-t", str(config.n_threads)]

@@ -3,9 +3,12 @@
 For a model file on this machine it starts from the planner's pick, varies what the planner
 cannot predict well on a CPU (decode threads, flash attention, the physical batch, the KV
 type), and measures each candidate llama-bench style (timed warm-up, median of repetitions).
-Every result — out-of-memory and failures included — goes into the autotune DB with its
-rigor; a configuration that already failed is never tried again, and one already measured at
-least as rigorously is answered from the DB. Measured over predicted speed updates the
+Each candidate loads in an engine worker process of its own (`WorkerEngine`), so a setting
+that crashes llama.cpp (a signal, a GGML_ASSERT) ends only that process: it is recorded as
+`crashed` and the next candidate is measured. Every result — out-of-memory, failures and
+crashes included — goes into the autotune DB with its rigor; a configuration that already
+failed is never tried again, and one already measured at least as rigorously is answered from
+the DB. Measured over predicted speed updates the
 machine's efficiency factors, and the winner becomes the model's default on this machine.
 Progress goes to a listener (the CLI's progress line, the GUI wizard's chart).
 """
@@ -41,12 +44,13 @@ from hearthside.autotune.speculative import (
     relative_draft_cost,
     speculative_key,
 )
-from hearthside.autotune.wisdom import Rigor, RunRecord, WisdomDB, config_key
+from hearthside.autotune.wisdom import Outcome, Rigor, RunRecord, WisdomDB, config_key
 from hearthside.core.engine.bench import measure_verify_cost, run_bench
 from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
-from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
+from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.speculative import SpeculationStats, merge_stats
-from hearthside.core.errors import EngineError, EngineLoadError
+from hearthside.core.engine.worker_engine import WorkerEngine
+from hearthside.core.errors import EngineCrashedError, EngineError, EngineLoadError
 from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
 
@@ -174,7 +178,10 @@ def tune(
         sync_recipes(db)
         spec = spec_from_gguf(model_path)
         calibration = calibration_for(profile, db)
-        planned = plan(spec, profile, goal=goal, n_ctx=TUNING_CONTEXT, calibration=calibration)
+        # one slot: a run measures one request, and loads add the slots (load_settings.py)
+        planned = plan(
+            spec, profile, goal=goal, n_ctx=TUNING_CONTEXT, calibration=calibration, n_parallel=1
+        )
         base = replace(planned.config, model_path=str(model_path))
         baseline_config = llama_cpp_python_defaults(str(model_path))
         queue = [baseline_config, *candidates(base, profile)]
@@ -259,9 +266,9 @@ def save_speculation_defaults(
 def _audit(db: WisdomDB, key: TuningKey, model_path: Path, best: RunRecord) -> CapacityAudit:
     """Check the winner's context really holds what it promises, and record it."""
     config = EngineConfig.from_dict({**best.config, "model_path": str(model_path)})
-    engine = Engine(config)
+    engine = WorkerEngine(config)
     try:
-        audit = audit_context(engine)
+        audit = engine.run(audit_context)
     finally:
         engine.close()
     db.record_audit(key, best.config, audit.to_dict())
@@ -328,7 +335,7 @@ def _measure(key: TuningKey, config: EngineConfig, rigor: Rigor, planned: Plan) 
         "prefill_tps": planned.speed.prefill_tps,
     }
     try:
-        engine = Engine(config)
+        engine = WorkerEngine(config)
     except EngineError as exc:
         return RunRecord(
             key, settings, rigor, _failure_kind(exc), predicted=prediction, error=exc.message
@@ -343,7 +350,8 @@ def _measure(key: TuningKey, config: EngineConfig, rigor: Rigor, planned: Plan) 
             warmup_s=size.warmup_s,
         )
     except EngineError as exc:
-        return RunRecord(key, settings, rigor, "failed", predicted=prediction, error=str(exc))
+        outcome: Outcome = "crashed" if isinstance(exc, EngineCrashedError) else "failed"
+        return RunRecord(key, settings, rigor, outcome, predicted=prediction, error=exc.message)
     finally:
         memory = engine.load_report.to_dict()
         engine.close()
@@ -362,7 +370,9 @@ def _measure(key: TuningKey, config: EngineConfig, rigor: Rigor, planned: Plan) 
     )
 
 
-def _failure_kind(exc: EngineError) -> Literal["oom", "failed"]:
+def _failure_kind(exc: EngineError) -> Literal["oom", "failed", "crashed"]:
+    if isinstance(exc, EngineCrashedError) and not exc.cause.startswith("SIGKILL"):
+        return "crashed"  # a SIGKILL at load is the OOM killer: an out-of-memory load
     text = str(exc).lower()
     if isinstance(exc, EngineLoadError) and ("alloc" in text or "memory" in text):
         return "oom"
@@ -515,7 +525,7 @@ class _SpeculationSearch:
         self.config = EngineConfig.from_dict(values)
         self._plain_key = config_key({**self.config.to_dict(), "speculative": {}})
         self._workloads: tuple[Workload, ...] = ()
-        self._engine: Engine | None = None
+        self._engine: WorkerEngine | None = None
         self._verify: VerifyCost | None = None
         self._index = 0
         self._total = 0
@@ -644,9 +654,9 @@ class _SpeculationSearch:
                     return _stored_cost(stored)
         return None
 
-    def _loaded(self) -> Engine:
+    def _loaded(self) -> WorkerEngine:
         if self._engine is None:
-            self._engine = Engine(self.config)
+            self._engine = WorkerEngine(self.config)
             _warm_up_engine(self._engine)
         return self._engine
 
@@ -656,7 +666,7 @@ class _SpeculationSearch:
         if self._verify is None:
             engine = self._loaded()
             engine.set_speculative(SpeculativeConfig())
-            timings = measure_verify_cost(engine)
+            timings = engine.run(measure_verify_cost)
             single = timings[0][1]
             self._verify = VerifyCost(tuple((n, seconds / single) for n, seconds in timings))
         return self._verify
@@ -667,7 +677,7 @@ def _stored_cost(stored: dict[str, Any]) -> VerifyCost:
 
 
 def _run_workload_prompt(
-    engine: Engine, workload: Workload, prompt: WorkloadPrompt
+    engine: WorkerEngine, workload: Workload, prompt: WorkloadPrompt
 ) -> GenerationResult:
     sampling = SamplingParams(
         temperature=workload.temperature, seed=workload.seed, max_tokens=workload.max_tokens
@@ -679,7 +689,7 @@ def _run_workload_prompt(
 
 
 def _paired_runs(
-    engine: Engine, workload: Workload, prompt: WorkloadPrompt
+    engine: WorkerEngine, workload: Workload, prompt: WorkloadPrompt
 ) -> tuple[GenerationResult, GenerationResult | None]:
     """The prompt with the engine's speculation and, right before it, without (when on), so
     a shared machine's slow moments hit both alike."""
@@ -699,7 +709,7 @@ def _paired_gain(pairs: Sequence[tuple[GenerationResult, GenerationResult | None
     return statistics.median(ratios) if ratios else None
 
 
-def _warm_up_engine(engine: Engine) -> None:
+def _warm_up_engine(engine: WorkerEngine) -> None:
     """Touch every weight once, so the first measured run does not pay for page faults."""
     engine.generate(engine.tokenize_prompt("Hello"), SamplingParams(temperature=0, max_tokens=8))
 

@@ -130,6 +130,7 @@ def plan_variants(
     free_margin_bytes: int = DEFAULT_FREE_MARGIN_BYTES,
     calibration: dict[str, float] | None = None,
     min_decode_tps: float = DEFAULT_MIN_DECODE_TPS,
+    n_parallel: int | None = None,
 ) -> VariantChoice:
     """Plan every variant (a mapping is label → spec of installed variants) and pick one for
     `goal`; see the module docstring for the rule per goal."""
@@ -140,6 +141,7 @@ def plan_variants(
         n_ctx=n_ctx,
         free_margin_bytes=free_margin_bytes,
         calibration=calibration,
+        n_parallel=n_parallel,
     )
     return choose_variant(outcomes, goal, min_decode_tps)
 
@@ -152,8 +154,9 @@ def plan_each(
     n_ctx: int | None = None,
     free_margin_bytes: int = DEFAULT_FREE_MARGIN_BYTES,
     calibration: dict[str, float] | None = None,
+    n_parallel: int | None = None,
 ) -> list[VariantOutcome]:
-    """The planner's plan for every variant, in the order given."""
+    """The planner's plan for every variant, in the order given (`n_parallel` as `plan`'s)."""
     chosen_from = _as_variants(variants)
     if not chosen_from:
         raise ValueError("plan_variants needs at least one variant")
@@ -167,6 +170,7 @@ def plan_each(
                 n_ctx=n_ctx,
                 free_margin_bytes=free_margin_bytes,
                 calibration=calibration,
+                n_parallel=n_parallel,
             ),
         )
         for variant in chosen_from

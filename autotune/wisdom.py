@@ -31,7 +31,8 @@ from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import data_dir
 
 Rigor = Literal["estimate", "quick", "thorough"]
-Outcome = Literal["ok", "oom", "failed", "timeout"]
+# "crashed": the engine worker died measuring it (a signal, an abort) — never tried again.
+Outcome = Literal["ok", "oom", "failed", "timeout", "crashed"]
 RIGOR_RANK: dict[str, int] = {rigor: rank for rank, rigor in enumerate(get_args(Rigor))}
 EXPORT_KIND = "hearthside-wisdom"
 EXPORT_SCHEMA = 1
@@ -105,6 +106,8 @@ class ModelDefault:
 def config_key(config: Mapping[str, Any]) -> str:
     """The same settings give the same key, whatever the dict order or the model's path."""
     tunable = {name: value for name, value in config.items() if name != "model_path"}
+    if tunable.get("n_parallel") == 1:  # keys written before there were slots stay the same
+        del tunable["n_parallel"]
     canonical = json.dumps(tunable, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -200,11 +203,26 @@ def _add_capacity_audits(conn: sqlite3.Connection) -> None:
     )
 
 
+def _allow_crashed_runs(conn: sqlite3.Connection) -> None:
+    """Schema 3: runs may end `crashed`. SQLite cannot alter a CHECK, so the table is rebuilt;
+    dropping the old one nulls the defaults' run ids (ON DELETE SET NULL), so they are kept
+    aside and put back."""
+    old = _SCHEMA_V1.split("CREATE TABLE runs (")[1].split(");")[0]
+    new = old.replace("'failed', 'timeout')", "'failed', 'timeout', 'crashed')")
+    conn.execute(f"CREATE TABLE runs_v3 ({new})")
+    conn.execute("INSERT INTO runs_v3 SELECT * FROM runs")
+    kept = conn.execute("SELECT rowid, run_id FROM defaults WHERE run_id IS NOT NULL").fetchall()
+    conn.execute("DROP TABLE runs")
+    conn.execute("ALTER TABLE runs_v3 RENAME TO runs")
+    conn.execute("CREATE INDEX runs_by_key ON runs (machine, engine, model, config_key)")
+    conn.executemany("UPDATE defaults SET run_id = ? WHERE rowid = ?", [(r, i) for i, r in kept])
+
+
 WISDOM = DatabaseKind(
     label="the autotune database (wisdom.db)",
     file_name="wisdom.db",
-    schema_version=2,
-    migrations={0: _create_schema_v1, 1: _add_capacity_audits},
+    schema_version=3,
+    migrations={0: _create_schema_v1, 1: _add_capacity_audits, 2: _allow_crashed_runs},
     error=WisdomError,
 )
 

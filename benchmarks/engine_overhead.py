@@ -136,7 +136,9 @@ PREFILL_PAIRS_PER_RUN = 3
 
 def measure(config: EngineConfig, repetitions: int) -> tuple[Side, Side]:
     bare, ours = Side(), Side()
-    with EngineService() as service:
+    # In-process, so the bare loop can drive the very same Llama (benchmarks/worker_overhead.py
+    # compares the worker process with this in-process engine).
+    with EngineService(engine_factory=Engine) as service:
         service.load(config).result()
         bare_loop = BareLoop(service.call(lambda engine: engine.llama).result())
         chat = HearthsideChat(service)

@@ -62,6 +62,31 @@ class JobCancelledError(EngineError):
     """A job was cancelled before it started."""
 
 
+class EngineCrashedError(EngineError):
+    """The engine's worker process died (a signal, an abort, the OOM killer) mid-job.
+
+    `cause` names what ended it ("SIGSEGV, a segmentation fault"); `native_lines` are the last
+    lines llama.cpp logged before it died, for the crash report.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        cause: str = "",
+        native_lines: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.cause = cause
+        self.native_lines = native_lines
+
+
+class EngineCrashedAtLoadError(EngineCrashedError, EngineLoadError):
+    """The worker died while loading the model: a load failure (retried smaller when it was
+    the OOM killer) and a crash (the tuner remembers the settings as `crashed`)."""
+
+
 def describe_error(error: BaseException) -> str:
     """What to tell the user about `error`.
 

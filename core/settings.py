@@ -23,6 +23,13 @@ class Settings(BaseSettings):
     batch_threads: int | None = Field(
         default=None, ge=1, description="Prompt-processing threads; default: all logical cores."
     )
+    parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,  # core/engine/config.py's MAX_PARALLEL (llama.cpp's LLAMA_MAX_SEQ)
+        description="Requests the API and the window answer at once (slots, each with its own "
+        "context); default: the planner's choice, up to 4 where memory allows.",
+    )
     temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="Sampling temperature.")
     max_queue: int = Field(
         default=8, ge=1, le=256, description="Requests that may wait for the engine at once."

@@ -48,7 +48,7 @@ from hearthside.kernels.measurement import (
 from hearthside.kernels.synthetic_model import SyntheticShape, write_uniform_gguf
 
 if TYPE_CHECKING:
-    from hearthside.core.engine.engine import Engine
+    from hearthside.core.engine.worker_engine import WorkerEngine
 
 N_PROMPT = 128
 N_GEN = 32
@@ -267,7 +267,7 @@ def measure_cpu(
 class _Member:
     """One model in the rounds: its engine, its measurement params and its rounds' tok/s."""
 
-    engine: Engine
+    engine: WorkerEngine
     params: dict[str, Any]
     n_prompt: int = N_PROMPT
     n_gen: int = N_GEN
@@ -365,12 +365,13 @@ def _load_members(
     return members, failed
 
 
-def _load(path: Path, stack: ExitStack) -> Engine | str:
-    """The engine for `path` on the CPU, closed with `stack`; or why it could not load."""
-    from hearthside.core.engine.engine import Engine  # llama.cpp loads only when a run starts
+def _load(path: Path, stack: ExitStack) -> WorkerEngine | str:
+    """The engine for `path` on the CPU (in a worker process: a probe that crashes llama.cpp
+    must not end the app), closed with `stack`; or why it could not load."""
+    from hearthside.core.engine.worker_engine import WorkerEngine
 
     try:
-        engine = Engine(_engine_config(path, CPU_BACKEND))
+        engine = WorkerEngine(_engine_config(path, CPU_BACKEND))
     except HearthsideError as error:
         return f"not measured: {error.message}"
     stack.callback(engine.close)
@@ -448,11 +449,11 @@ def measure_backend(
     budget: Budget,
     warmup_s: float,
 ) -> list[Measurement]:
-    from hearthside.core.engine.engine import Engine  # llama.cpp loads only when a run starts
+    from hearthside.core.engine.worker_engine import WorkerEngine
 
     budget.take()  # the load's share
     try:
-        engine = Engine(_engine_config(model_path, backend))
+        engine = WorkerEngine(_engine_config(model_path, backend))
     except HearthsideError as error:
         return not_measured(f"not measured: {error.message}", backend.device)
     try:
@@ -474,7 +475,7 @@ def _engine_config(model_path: Path, backend: EngineBackend) -> EngineConfig:
 
 
 def _time_engine(
-    engine: Engine, backend: EngineBackend, *, quick: bool, budget: Budget, warmup_s: float
+    engine: WorkerEngine, backend: EngineBackend, *, quick: bool, budget: Budget, warmup_s: float
 ) -> list[Measurement]:
     rng = np.random.default_rng(0)
     tokens = [int(t) for t in rng.integers(0, engine.n_vocab, size=max(N_PROMPT, N_GEN) + 1)]
@@ -556,7 +557,7 @@ def _affordable_count(
     return count, seconds
 
 
-def _params(engine: Engine, backend: EngineBackend) -> dict[str, Any]:
+def _params(engine: WorkerEngine, backend: EngineBackend) -> dict[str, Any]:
     return {
         "model": engine.model_path.stem,
         "model_path": str(engine.model_path),

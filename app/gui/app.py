@@ -324,7 +324,10 @@ def gui_options(args: argparse.Namespace) -> GuiOptions:
     return GuiOptions(
         model=args.model,
         load=LoadOptions(
-            n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.batch_threads
+            n_ctx=args.ctx,
+            n_threads=args.threads,
+            n_threads_batch=args.batch_threads,
+            n_parallel=getattr(args, "parallel", None),
         ),
         probe_on_start=not getattr(args, "no_probe", False),
         smoke=getattr(args, "smoke", False),

@@ -5,6 +5,9 @@ first token; each flush goes to the ReplyWriter's thread and reaches the view on
 saved; the end (text, metrics, complete) is saved the same way before the chat is idle again —
 so whatever was on screen is on disk when the process dies, and a slow disk never blocks the
 window. Nothing is written for a request the engine refused (a full queue, no model yet).
+A reply that fails part-way — the engine worker crashed, say — keeps what it had written, in
+the view and the history, complete like a stopped one; a crash is `reply_crashed`, for the
+window to say what happened and what the engine does next.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ from hearthside.app.gui.chat_settings_dialog import ChatSettings
 from hearthside.app.gui.chat_view import reply_note
 from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
 from hearthside.app.gui.reply_writer import ReplyWriter, SavedText
-from hearthside.core.errors import HearthsideError, JobCancelledError
+from hearthside.core.errors import EngineCrashedError, HearthsideError, JobCancelledError
 from hearthside.core.history.store import Conversation, ConversationStore, StoredMessage
 
 if TYPE_CHECKING:
     from hearthside.core.engine.engine import ChatMessage, GenerationMetrics, GenerationResult
+
+
+FAILED_NOTE = "the reply failed part-way"
+CRASHED_NOTE = "the engine crashed while writing this reply"
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class ChatSession(QObject):
     reply_metrics = Signal(object)  # GenerationMetrics of the reply that just ended
     context_changed = Signal(object)  # ContextUse
     error = Signal(object)  # an exception to show in plain words
+    # EngineCrashedError, and whether any of the reply was written (and so kept)
+    reply_crashed = Signal(object, bool)
 
     def __init__(
         self,
@@ -346,19 +355,23 @@ class ChatSession(QObject):
     @Slot(object)
     def _on_reply_failed(self, error: BaseException) -> None:
         reply, self._reply = self._reply, None
+        crashed = isinstance(error, EngineCrashedError)
         if reply is not None:
             self.writer.wait_until_idle()  # its saves first, then the repair below
-            self._keep_or_drop_failed_reply(reply)
+            note = CRASHED_NOTE if crashed else FAILED_NOTE
+            self._keep_or_drop_failed_reply(reply, note)
         self.refresh_state()
-        if not isinstance(error, JobCancelledError):
+        if crashed:
+            self.reply_crashed.emit(error, reply is not None and bool(reply.text))
+        elif not isinstance(error, JobCancelledError):
             self.error.emit(error)
 
-    def _keep_or_drop_failed_reply(self, reply: _Reply) -> None:
+    def _keep_or_drop_failed_reply(self, reply: _Reply, note: str) -> None:
         showing = reply.conversation_id == self.current_id
         if reply.text:
             self.store.update_message(reply.message_id, reply.text, complete=True)
             if showing:
-                self.view.finish_reply(reply.text, "the reply failed part-way")
+                self.view.finish_reply(reply.text, note)
             return
         self.store.delete_message(reply.message_id)
         if showing:

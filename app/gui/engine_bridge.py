@@ -6,6 +6,10 @@ a lock; a timer on the GUI thread drains that buffer every `flush_interval_ms` a
 updates ~25 times a second however fast the model is. A finished job hops to the GUI thread
 through a queued signal. Stopping is the job's own cancel event, checked between tokens.
 
+When the engine worker crashes, the service restarts it by itself and tells its listeners,
+on a service thread: the bridge logs the crash (app/engine_crash.py) and relays each
+`EngineNotice` to the GUI thread as `engine_notice`; after "restart_failed" no model is loaded.
+
 The model may also be a remote server (a `RemoteConfig`): the service then holds a
 `RemoteEngine` and everything here works the same. The engine modules are imported for types
 only: the window exists (and is shown) before the engine module is imported.
@@ -22,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
-from hearthside.core.errors import EngineError
+from hearthside.app.engine_crash import log_crash
+from hearthside.core.errors import EngineCrashedError, EngineError
 
 if TYPE_CHECKING:
     from hearthside.core.engine.config import EngineConfig, SamplingParams
     from hearthside.core.engine.engine import ChatMessage, GenerationResult
     from hearthside.core.engine.remote import RemoteConfig
-    from hearthside.core.engine.service import EngineService, Job, LoadedEngine
+    from hearthside.core.engine.service import EngineNotice, EngineService, Job, LoadedEngine
 
 DEFAULT_FLUSH_INTERVAL_MS = 40
 
@@ -79,7 +84,9 @@ class EngineBridge(QObject):
     speculation_live = Signal(object)  # SpeculationStats of the running reply, when they change
     reply_finished = Signal(object)  # GenerationResult (stop_reason "cancelled" when stopped)
     reply_failed = Signal(object)  # Exception
+    engine_notice = Signal(object)  # EngineNotice: the worker crashed, restarted, or could not
     _job_done = Signal(object)  # the finished Job, sent from the engine thread
+    _notice_posted = Signal(object)  # EngineNotice, sent from a service thread
 
     def __init__(
         self,
@@ -89,7 +96,7 @@ class EngineBridge(QObject):
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
-        self._service = service
+        self._service: EngineService | None = None
         self._buffer = _TextBuffer()
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(flush_interval_ms)
@@ -100,6 +107,10 @@ class EngineBridge(QObject):
         # Queued even when the job finishes on this thread: listeners always hear of a job
         # after the call that started it has returned.
         self._job_done.connect(self._on_job_done, Qt.ConnectionType.QueuedConnection)
+        self._notice_posted.connect(self._relay_notice, Qt.ConnectionType.QueuedConnection)
+        self._logged_crash: EngineCrashedError | None = None
+        if service is not None:
+            self.attach_service(service)
 
     # ---- state -------------------------------------------------------------------------
 
@@ -113,7 +124,10 @@ class EngineBridge(QObject):
 
     def attach_service(self, service: EngineService) -> None:
         """The service to use from now on (the app starts it after the window is shown)."""
+        if service is self._service:
+            return
         self._service = service
+        service.add_listener(self._on_service_notice)
 
     @property
     def has_service(self) -> bool:
@@ -194,6 +208,20 @@ class EngineBridge(QObject):
             return None
 
     # ---- plumbing ----------------------------------------------------------------------
+
+    def _on_service_notice(self, notice: EngineNotice) -> None:
+        """On the service's thread: log the crash once (its notices share it), then hop over."""
+        crash = notice.crash
+        if crash is not None and crash is not self._logged_crash:
+            self._logged_crash = crash
+            log_crash(crash)
+        self._notice_posted.emit(notice)
+
+    @Slot(object)
+    def _relay_notice(self, notice: EngineNotice) -> None:
+        if notice.kind == "restart_failed":
+            self._loaded = None  # the service holds no engine now
+        self.engine_notice.emit(notice)
 
     def _notify_when_done(self, job: Job[Any], *first: Job[Any]) -> None:
         # `first` are earlier jobs whose failure explains this one's (a load before its describe).

@@ -5,6 +5,14 @@ The window owns the EngineBridge (Qt side of the EngineService it is given), the
 and its QSettings. Everything slow — installing the default model, resolving a model file,
 loading it, probing the hardware, answering — happens off the GUI thread.
 
+"Settings…" in the toolbar holds what applies to every load (parallel requests, kept in
+window.ini); a change applies at the next load, which the message bar says.
+
+When the engine worker crashes mid-reply, the part already written stays (ChatSession) and
+the message bar says what happened, then that the service restarted the engine (or what to
+do when it could not), with llama.cpp's last lines behind "Details"; the next message is
+answered by the restarted engine.
+
 The model may be a saved remote server (`remote:NAME`, from the Models page's "Remote
 servers"): the chat, the status line and the Local API (as a proxy) then work over it.
 
@@ -16,6 +24,7 @@ nothing here imports the engine or the API server at module level.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +45,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hearthside.app.engine_crash import crash_details, window_crash_text
 from hearthside.app.gui import window_state as keys
 from hearthside.app.gui.api_switch import ApiSwitch
 from hearthside.app.gui.chat_pane import ChatPane
@@ -58,9 +68,17 @@ from hearthside.app.gui.models_page import ModelsPage
 from hearthside.app.gui.plan_content import default_probe
 from hearthside.app.gui.plan_page import PlanPage, plan_icon
 from hearthside.app.gui.reply_writer import ReplyWriter
+from hearthside.app.gui.settings_dialog import (
+    APPLIES_NOTE,
+    SettingsDialog,
+    parallel_text,
+    read_parallel,
+    write_parallel,
+)
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
-from hearthside.core.errors import HearthsideError, describe_error
+from hearthside.core.errors import EngineCrashedError, HearthsideError, describe_error
 from hearthside.core.history.store import ConversationStore
+from hearthside.core.logs import log_file
 from hearthside.core.paths import data_dir
 
 if TYPE_CHECKING:
@@ -68,7 +86,7 @@ if TYPE_CHECKING:
     from hearthside.core.engine.config import EngineConfig
     from hearthside.core.engine.metrics import GenerationMetrics, SpeculationStats
     from hearthside.core.engine.remote import RemoteConfig
-    from hearthside.core.engine.service import EngineService
+    from hearthside.core.engine.service import EngineNotice, EngineService
     from hearthside.core.probe.profile import HardwareProfile
 
 WINDOW_TITLE = "Hearthside"
@@ -92,6 +110,14 @@ REMOTE_PLAN_NOTE = (
     "The Plan page plans models that run on this computer. The model in use now runs on "
     "{where}, which chooses its own settings."
 )
+
+
+def _with_stored_parallel(options: LoadOptions, settings: QSettings) -> LoadOptions:
+    """The window's stored parallel requests, unless the command line or the environment
+    (`--parallel`, HEARTHSIDE_PARALLEL) already set them."""
+    if options.n_parallel is not None:
+        return options
+    return replace(options, n_parallel=read_parallel(settings))
 
 
 def remote_status_text(name: str, config: RemoteConfig) -> str:
@@ -151,7 +177,8 @@ class MainWindow(QMainWindow):
         self.service = service
         self.optimize_wizard: OptimizeWizard | None = None
         self.settings = settings if settings is not None else keys.gui_settings(self.root)
-        self.load_options = load_options or LoadOptions()
+        self.load_options = _with_stored_parallel(load_options or LoadOptions(), self.settings)
+        self.settings_dialog: SettingsDialog | None = None
         self.store = ConversationStore(self.root)
         self.bridge = EngineBridge(service, parent=self)
         self.reply_writer = ReplyWriter(self.root, parent=self)
@@ -160,6 +187,9 @@ class MainWindow(QMainWindow):
         self._settings_why = ""  # where the loading settings came from (model tooltip)
         self._install_progress = MainThreadRelay(self._show_install_progress, self)
         self._shut_down = False
+        self._reply_crash: EngineCrashedError | None = None  # the crash that ended our reply
+        self._reply_kept = False  # whether that reply had text, now kept
+        self._last_notice: EngineNotice | None = None
         self._build_pages(probe_command)
         self.session = ChatSession(
             self.store, self.bridge, self.chat_pane, self.reply_writer, parent=self
@@ -233,6 +263,11 @@ class MainWindow(QMainWindow):
         )
         self.optimize_action.triggered.connect(self._optimize)
         toolbar.addAction(self.optimize_action)
+        self.settings_action = QAction("Settings…", self)
+        self.settings_action.setShortcut(QKeySequence(QKeySequence.StandardKey.Preferences))
+        self.settings_action.setToolTip("How models load: parallel requests")
+        self.settings_action.triggered.connect(self.edit_settings)
+        toolbar.addAction(self.settings_action)
         spacer = QWidget(toolbar)
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         toolbar.addWidget(spacer)
@@ -283,6 +318,8 @@ class MainWindow(QMainWindow):
         self.bridge.speculation_live.connect(self._show_live_speculation)
         session.context_changed.connect(self._show_context)
         session.error.connect(self.show_error)
+        session.reply_crashed.connect(self._on_reply_crashed)
+        self.bridge.engine_notice.connect(self._on_engine_notice)
         self.chat_pane.settings_requested.connect(self.edit_chat_settings)
         self.bridge.load_started.connect(self._on_load_started)
         self.bridge.load_finished.connect(self._on_model_loaded)
@@ -430,6 +467,38 @@ class MainWindow(QMainWindow):
         else:
             self.show_error(error, prefix="The model could not be loaded. ")
 
+    @Slot(object, bool)
+    def _on_reply_crashed(self, crash: EngineCrashedError, kept: bool) -> None:
+        self._reply_crash = crash
+        self._reply_kept = kept
+        last = self._last_notice
+        self._show_crash(crash, last if last is not None and last.crash is crash else None)
+
+    @Slot(object)
+    def _on_engine_notice(self, notice: EngineNotice) -> None:
+        self._last_notice = notice
+        loaded = self.bridge.loaded_model
+        if notice.kind == "crashed":
+            self.model_label.setText("Restarting the engine…")
+        elif notice.kind == "restarted" and loaded is not None:
+            self.model_label.setText(loaded.name)
+        elif notice.kind == "restart_failed":
+            self.model_label.setText("No model loaded")
+            self.session.refresh_state()
+        if notice.crash is not None:
+            self._show_crash(notice.crash, notice)
+        else:
+            self.message_bar.show_text(notice.message, error=notice.kind != "restarted")
+
+    def _show_crash(self, crash: EngineCrashedError, notice: EngineNotice | None) -> None:
+        """The bar: what crashed and what the service did about it, the details behind a
+        button (the bridge has written them to the log file)."""
+        in_reply = crash is self._reply_crash
+        text = window_crash_text(crash, notice, in_reply=in_reply, kept=self._reply_kept)
+        recovered = notice is not None and notice.kind == "restarted"
+        details = crash_details(crash, log_file(self.root))
+        self.message_bar.show_text(text, error=not recovered, details=details)
+
     @Slot(str)
     def _load_requested_model(self, model_id: str) -> None:
         self.show_page(CHAT_PAGE)
@@ -496,6 +565,24 @@ class MainWindow(QMainWindow):
         )
         self.chat_settings_dialog = dialog
         dialog.open()
+
+    @Slot()
+    def edit_settings(self) -> None:
+        """The window's settings; what changes applies at the next model load."""
+        dialog = SettingsDialog(self.load_options.n_parallel, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self.apply_settings(dialog.parallel()))
+        self.settings_dialog = dialog
+        dialog.open()
+
+    def apply_settings(self, parallel: int | None) -> None:
+        """Keep `parallel` (None: Auto) for the next loads, here and in window.ini."""
+        write_parallel(self.settings, parallel)
+        if parallel == self.load_options.n_parallel:
+            return
+        self.load_options = replace(self.load_options, n_parallel=parallel)
+        note = f"Parallel requests: {parallel_text(parallel)}. {APPLIES_NOTE}"
+        self.message_bar.show_text(note, error=False)
 
     @Slot()
     def escape(self) -> None:
@@ -594,6 +681,7 @@ class MainWindow(QMainWindow):
             action.setIcon(icon(named, color) if named else plan_icon(color))
         self.new_chat_action.setIcon(icon("new-chat", color))
         self.optimize_action.setIcon(icon("optimize", color))
+        self.settings_action.setIcon(icon("settings", color))
         self.chat_pane.set_icon_color(color)
         self.conversation_list.new_button.setIcon(icon("new-chat", color))
         self.message_bar.close_button.setIcon(icon("close", "#1f2328"))

@@ -33,13 +33,16 @@ if TYPE_CHECKING:
 class LoadOptions:
     """How the window loads models (the same knobs as `hearthside chat`)."""
 
-    n_ctx: int = 4096
+    n_ctx: int = 4096  # per request
     n_threads: int | None = None
     n_threads_batch: int | None = None
+    n_parallel: int | None = None  # requests answered at once; None: the planner's choice
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoadOptions:
-        return cls(settings.context_size, settings.threads, settings.batch_threads)
+        return cls(
+            settings.context_size, settings.threads, settings.batch_threads, settings.parallel
+        )
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def prepare_model(
         options.n_threads,
         options.n_threads_batch,
         profile() if profile is not None else None,
+        n_parallel=options.n_parallel,
     )
     config = chosen.config
     name = record.name if record is not None else Path(config.model_path).stem

@@ -30,6 +30,7 @@ from hearthside.autotune.planner import (
     Reason,
     SpeedEstimate,
     cpu_expert_layers,
+    describe_slots,
     evaluate_config,
     plan,
 )
@@ -75,6 +76,7 @@ SETTING_NAMES: dict[str, str] = {
     "type_k/type_v": "KV cache type",
     "flash_attn": "Flash attention",
     "n_ctx": "Context",
+    "n_parallel": "Parallel requests",
     "n_threads": "Threads",
     "n_batch": "Batch",
     "speculative": "Speculative decoding",
@@ -103,6 +105,7 @@ class PlanRequest:
     n_ctx: int | None = None  # None: the planner chooses
     free_margin_bytes: int = DEFAULT_FREE_MARGIN_BYTES
     hardware: str = ""  # THIS_MACHINE, or a what-if hardware choice (see load_hardware)
+    n_parallel: int | None = None  # slots; None: the planner chooses
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,7 @@ def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
             n_ctx=request.n_ctx,
             free_margin_bytes=request.free_margin_bytes,
             calibration=calibration or None,
+            n_parallel=request.n_parallel,
         )
         measured: MeasuredSpeed | None = None
         speculation: tuple[StoredSpeculation, ...] = ()
@@ -198,7 +202,8 @@ def measured_speed(
     wisdom: WisdomDB, profile: HardwareProfile, model_file: Path, config: EngineConfig
 ) -> MeasuredSpeed | None:
     key = tuning_key(profile, model_file)
-    exact = wisdom.lookup(key, config.to_dict(), rigor="quick")
+    # runs measure one request: the plan's other slots do not change what was measured
+    exact = wisdom.lookup(key, config.with_changes(n_parallel=1).to_dict(), rigor="quick")
     run: RunRecord | None = exact or wisdom.best_run(key)
     if run is None:
         return None
@@ -256,6 +261,7 @@ def setting_rows(plan: Plan) -> list[SettingRow]:
         "type_k/type_v": (_kv_text(config), ""),
         "flash_attn": ("on" if config.flash_attn else "off", ""),
         "n_ctx": (f"{config.n_ctx:,} tokens", ""),
+        "n_parallel": (describe_slots(plan), ""),
         "n_threads": (
             _threads_text(config),
             "Decode uses the physical cores; prompt processing uses every logical core.",
@@ -432,10 +438,12 @@ def check_override(
 def _short_text(candidate: Candidate) -> str:
     worst = min(candidate.devices, key=lambda device: device.free_bytes)
     fewer_layers = "" if worst.device == CPU else "put fewer layers on the GPU, "
+    fewer_slots = "answer fewer requests at once, " if candidate.config.n_parallel > 1 else ""
     return (
         f"Doesn't fit: {worst.device} needs {human_bytes(worst.used_bytes)} but only "
         f"{human_bytes(worst.capacity_bytes)} is usable ({human_bytes(-worst.free_bytes)} short). "
-        f"Lower the context, {fewer_layers}pick a smaller KV cache type or keep less memory free."
+        f"Lower the context, {fewer_slots}{fewer_layers}pick a smaller KV cache type or keep "
+        "less memory free."
     )
 
 

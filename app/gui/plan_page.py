@@ -85,7 +85,7 @@ from hearthside.autotune.planner import (
     describe_machine,
 )
 from hearthside.autotune.serving import describe_cluster
-from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.config import MAX_PARALLEL, EngineConfig
 from hearthside.core.errors import HearthsideError, describe_error
 from hearthside.core.models.catalog import catalog_entry, catalog_ids
 from hearthside.core.models.store import ModelStore
@@ -107,6 +107,11 @@ KEEP_FREE_TIP = "Memory the plan leaves for your other programs."
 RECIPE_IGNORES_TIP = "A serving recipe plans for a dedicated server: it uses the GPUs whole."
 LOCAL_SUBTITLE = "How a model would run on this computer, before it loads."
 MAX_OVERRIDE_CONTEXT = 10_000_000
+PARALLEL_TIP = (
+    "Requests answered at once (this window and API clients), each with its own context: the "
+    "KV cache is that many times one request's. Automatic: the planner's choice, up to 4 "
+    "where memory allows."
+)
 REPLAN_DELAY_MS = 400  # spin boxes re-plan once the user stops typing
 PLAN_ICON_SVG = """<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" fill="none"
  stroke="currentColor" stroke-width="2" stroke-linecap="round" stroke-linejoin="round">
@@ -283,7 +288,10 @@ class PlanPage(QWidget):
             return None
         n_ctx = self.context_box.value() or None
         margin = int(self.keep_free_box.value() * GIB)
-        return PlanRequest(ref, self.goal_box.currentData(), n_ctx, margin, self.current_hardware())
+        n_parallel = self.parallel_box.value() or None
+        return PlanRequest(
+            ref, self.goal_box.currentData(), n_ctx, margin, self.current_hardware(), n_parallel
+        )
 
     def current_recipe_request(self) -> RecipeRequest | None:
         ref = self.current_ref()
@@ -648,6 +656,7 @@ class PlanPage(QWidget):
         self.flash_box.setChecked(config.flash_attn)
         self.threads_box.setValue(config.decode_threads)
         self.batch_box.setValue(config.n_batch)
+        self.slots_box.setValue(config.n_parallel)
         for control in controls:
             control.blockSignals(False)
         self._update_override_limits()
@@ -666,6 +675,7 @@ class PlanPage(QWidget):
             self.flash_box,
             self.threads_box,
             self.batch_box,
+            self.slots_box,
         ]
 
     def _update_override_limits(self) -> None:
@@ -692,6 +702,7 @@ class PlanPage(QWidget):
             n_threads=self.threads_box.value(),
             n_batch=batch,
             n_ubatch=min(base.n_ubatch, batch),
+            n_parallel=self.slots_box.value(),
         )
 
     def check_overrides(self) -> None:
@@ -814,6 +825,11 @@ class PlanPage(QWidget):
         self.context_box.setSuffix(" tokens")
         self.context_box.setGroupSeparatorShown(True)
         self.context_box.valueChanged.connect(self._schedule_replan)
+        self.parallel_box = QSpinBox()
+        self.parallel_box.setRange(0, MAX_PARALLEL)
+        self.parallel_box.setSpecialValueText("Automatic")
+        self.parallel_box.setToolTip(PARALLEL_TIP)
+        self.parallel_box.valueChanged.connect(self._schedule_replan)
         self.keep_free_box = QDoubleSpinBox()
         self.keep_free_box.setRange(0.0, 1024.0)
         self.keep_free_box.setSingleStep(0.5)
@@ -826,11 +842,11 @@ class PlanPage(QWidget):
         rows.setSpacing(6)
         hardware_and_model = (("&Hardware", self.hardware_box), ("&Model", self.model_box))
         rows.addLayout(_labelled_row(hardware_and_model))
+        rows.addLayout(_labelled_row((("&Goal", self.goal_box), ("C&ontext", self.context_box))))
         rows.addLayout(
             _labelled_row(
                 (
-                    ("&Goal", self.goal_box),
-                    ("C&ontext", self.context_box),
+                    ("&Parallel requests", self.parallel_box),
                     ("&Keep free for my other apps", self.keep_free_box),
                 )
             )
@@ -967,7 +983,11 @@ class PlanPage(QWidget):
         self.batch_box = QSpinBox()
         self.batch_box.setRange(32, 8192)
         self.batch_box.setSingleStep(128)
-        for box in (self.gpu_layers_box, self.ctx_box, self.threads_box, self.batch_box):
+        self.slots_box = QSpinBox()
+        self.slots_box.setRange(1, MAX_PARALLEL)
+        self.slots_box.setToolTip(PARALLEL_TIP)
+        spin_boxes = (self.gpu_layers_box, self.ctx_box, self.threads_box, self.batch_box)
+        for box in (*spin_boxes, self.slots_box):
             box.valueChanged.connect(self.check_overrides)
         self.kv_box.currentIndexChanged.connect(self.check_overrides)
         self.flash_box.toggled.connect(self.check_overrides)
@@ -982,6 +1002,7 @@ class PlanPage(QWidget):
                 ("&Flash attention", self.flash_box),
                 ("&Threads", self.threads_box),
                 ("&Batch", self.batch_box),
+                ("Parallel re&quests", self.slots_box),
             )
         ):
             label = QLabel(text)

@@ -21,7 +21,9 @@ from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 from hearthside.autotune.tuner import TuneEvent
 from hearthside.autotune.wisdom import config_key
 
-EntryState = Literal["measuring", "measured", "reused", "failed", "oom", "skipped", "stopped"]
+EntryState = Literal[
+    "measuring", "measured", "reused", "failed", "oom", "crashed", "skipped", "stopped"
+]
 MIB = 1024 * 1024
 MIN_GROUPS = 6  # so two candidates do not become two giant bars
 LEFT, RIGHT, TOP = 48.0, 12.0, 34.0
@@ -82,6 +84,7 @@ def entry_description(entry: ChartEntry) -> str:
         "reused": "measured before (from the autotune database)",
         "failed": "failed",
         "oom": "ran out of memory",
+        "crashed": "crashed the engine (Hearthside carried on with the next)",
         "skipped": "skipped: it failed before",
         "stopped": "stopped before it finished",
     }
@@ -332,10 +335,11 @@ class TuneChart(QWidget):
             "measuring": "measuring…",
             "failed": "failed",
             "oom": "out of memory",
+            "crashed": "crashed",
             "skipped": "skipped",
             "stopped": "stopped",
         }
-        bad = entry.state in ("failed", "oom")
+        bad = entry.state in ("failed", "oom", "crashed")
         colour = colours["failed"] if bad else colours["muted"]
         mark = QRectF(x, rect.bottom() - rect.height() * 0.25, width, rect.height() * 0.25)
         pen = QPen(colour, 1.5, Qt.PenStyle.SolidLine if bad else Qt.PenStyle.DashLine)
@@ -412,4 +416,6 @@ def _state(event: TuneEvent, outcome: str | None) -> EntryState:
         return "reused"
     if event.kind == "skipped":
         return "skipped"
-    return "oom" if outcome == "oom" else "failed"
+    if outcome == "oom":
+        return "oom"
+    return "crashed" if outcome == "crashed" else "failed"

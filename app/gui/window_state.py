@@ -24,6 +24,7 @@ CHAT_SPLITTER_KEY = "window/chat_splitter"
 PAGE_KEY = "window/page"
 LAST_CONVERSATION_KEY = "chat/last_conversation"
 BANNER_DISMISSED_KEY = "banner/optimize_dismissed"
+PARALLEL_KEY = "engine/parallel"  # parallel requests; 0: Auto (app/gui/settings_dialog.py)
 
 
 def gui_settings(root: Path) -> QSettings:

@@ -91,8 +91,8 @@ from hearthside.autotune.tuner import (
 )
 from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig
-from hearthside.core.engine.engine import Engine
 from hearthside.core.engine.service import EngineService, Job
+from hearthside.core.engine.worker_engine import WorkerEngine
 from hearthside.core.errors import (
     EngineError,
     HearthsideError,
@@ -189,7 +189,7 @@ class MeasureUpdate:
     fraction: float | None = None
     event: TuneEvent | None = None
     memory_bytes: int | None = None  # what llama.cpp allocated for this candidate
-    outcome: str | None = None  # "oom" / "failed" for a failed candidate
+    outcome: str | None = None  # "oom" / "failed" / "crashed" for a failed candidate
 
 
 @dataclass(frozen=True)
@@ -430,11 +430,11 @@ def audit_winner(db: WisdomDB, result: TuneResult, model_path: Path) -> Capacity
     assert result.best is not None
     config = EngineConfig.from_dict({**result.best.config, "model_path": str(model_path)})
     try:
-        engine = Engine(config)
+        engine = WorkerEngine(config)
     except EngineError:
         return None
     try:
-        audit = audit_context(engine)
+        audit = engine.run(audit_context)
     finally:
         engine.close()
     db.record_audit(result.key, result.best.config, audit.to_dict())

@@ -18,6 +18,7 @@ import numpy as np
 from hearthside.core.engine.config import SamplingParams, SpeculativeConfig
 from hearthside.core.engine.engine import Engine, GenerationResult, engine_version
 from hearthside.core.engine.speculative import SpeculationStats, merge_stats
+from hearthside.core.engine.worker_engine import LocalEngine
 from hearthside.core.errors import ContextOverflowError
 
 ProgressCallback = Callable[[str, int, int], None]  # (test name, repetition done, of total)
@@ -50,7 +51,7 @@ class BenchReport:
 
 
 def run_bench(
-    engine: Engine,
+    engine: LocalEngine,
     *,
     n_prompt: int = 512,
     n_gen: int = 128,
@@ -93,7 +94,7 @@ def run_bench(
     )
 
 
-def _config_as_run(engine: Engine) -> dict[str, Any]:
+def _config_as_run(engine: LocalEngine) -> dict[str, Any]:
     """The engine settings with defaults resolved (thread counts, the padded context)."""
     config = engine.config.to_dict()
     config["n_threads"] = engine.config.decode_threads
@@ -148,7 +149,7 @@ class SpeculationComparison:
 
 
 def compare_speculation(
-    engine: Engine,
+    engine: LocalEngine,
     prompts: Sequence[Sequence[int]],
     speculative: SpeculativeConfig,
     sampling: SamplingParams,
@@ -189,7 +190,7 @@ def compare_speculation(
 
 
 def _timed_run(
-    engine: Engine, prompt: Sequence[int], sampling: SamplingParams, fresh_cache: bool
+    engine: LocalEngine, prompt: Sequence[int], sampling: SamplingParams, fresh_cache: bool
 ) -> GenerationResult:
     if fresh_cache:
         engine.clear_cache()

@@ -36,6 +36,7 @@ SPLIT_MODES: dict[str, int] = {"none": 0, "layer": 1, "row": 2}
 # llama-cpp-python passes `numa` straight to ggml_numa_strategy.
 NUMA_STRATEGIES: dict[str, int] = {"off": 0, "distribute": 1, "isolate": 2, "numactl": 3}
 SCHEMA_VERSION = 1
+MAX_PARALLEL = 64  # llama.cpp's LLAMA_MAX_SEQ
 
 
 class EngineConfigError(EngineError):
@@ -123,7 +124,7 @@ class EngineConfig:
     """How to load one model. Defaults suit a CPU-only machine."""
 
     model_path: str
-    n_ctx: int = 4096
+    n_ctx: int = 4096  # per conversation: each of the n_parallel slots gets this many tokens
     n_batch: int = 512
     n_ubatch: int = 512
     n_threads: int | None = None  # None: physical cores
@@ -144,6 +145,9 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     # e.g. MoE expert tensors kept in RAM while the rest is offloaded (llama.cpp's -ot)
     tensor_overrides: tuple[TensorOverride, ...] = ()
+    # Sequences decoded together in one batch (llama.cpp's n_seq_max): requests that arrive
+    # together are served together instead of queueing; each slot has its own n_ctx tokens.
+    n_parallel: int = 1
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -153,6 +157,8 @@ class EngineConfig:
     def _check_ranges(self) -> None:
         if self.n_ctx < 16:
             raise EngineConfigError("The context size must be at least 16 tokens.")
+        if not 1 <= self.n_parallel <= MAX_PARALLEL:
+            raise EngineConfigError(f"n_parallel must be between 1 and {MAX_PARALLEL}.")
         if not 1 <= self.n_ubatch <= self.n_batch:
             raise EngineConfigError("n_ubatch must be between 1 and n_batch.")
         for name in ("n_threads", "n_threads_batch"):
@@ -182,6 +188,11 @@ class EngineConfig:
         return self.n_threads or physical_core_count()
 
     @property
+    def total_context(self) -> int:
+        """KV-cache cells for all slots together (what llama.cpp is asked for)."""
+        return self.n_ctx * self.n_parallel
+
+    @property
     def batch_threads(self) -> int:
         return self.n_threads_batch or logical_core_count()
 
@@ -189,7 +200,7 @@ class EngineConfig:
         """Keyword arguments for `llama_cpp.Llama` that realise this config."""
         return {
             "model_path": self.model_path,
-            "n_ctx": self.n_ctx,
+            "n_ctx": self.total_context,
             "n_batch": self.n_batch,
             "n_ubatch": self.n_ubatch,
             "n_threads": self.decode_threads,
@@ -229,6 +240,32 @@ class EngineConfig:
 
     def with_changes(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
+
+    def safest(self) -> EngineConfig:
+        """The same model, context and GPU placement with every setting that has ever crashed
+        llama.cpp at its plainest: no flash attention, an f16 KV cache, default batches and
+        threads, no NUMA policy, no speculation, one slot."""
+        plain = EngineConfig(self.model_path)
+        return self.with_changes(
+            n_batch=plain.n_batch,
+            n_ubatch=plain.n_ubatch,
+            n_threads=None,
+            n_threads_batch=None,
+            type_k="f16",
+            type_v="f16",
+            flash_attn=False,
+            use_mlock=False,
+            numa="off",
+            speculative=SpeculativeConfig(),
+            n_parallel=1,
+        )
+
+    def describe_safety(self) -> str:
+        """The safest settings in words, for the message that announces them."""
+        return (
+            "flash attention off, an f16 KV cache, default batches and threads, "
+            "no speculative decoding, one request at a time"
+        )
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """`Engine`: one loaded model in llama.cpp, streaming chat replies with metrics.
 
-Only `EngineService`'s worker thread calls an Engine (see service.py). The engine keeps the
-KV cache of the last generation, so the next turn of the same conversation evaluates only
-the tokens it adds.
+With `n_parallel` 1, only `EngineService`'s worker thread calls an Engine (see service.py);
+it generates on the calling thread with llama-cpp-python's `Llama.generate`. With more slots,
+any number of threads may call `generate`/`chat` at once: a `BatchScheduler` (batch.py)
+decodes their sequences together. Either way the engine keeps the KV cache of earlier
+generations, so the next turn of the same conversation evaluates only the tokens it adds.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ import numpy as np
 from llama_cpp.llama_grammar import LlamaGrammar
 
 from hearthside.core.engine import native_log
+from hearthside.core.engine.batch import (
+    BatchRequest,
+    BatchScheduler,
+    ParallelLlama,
+    ParallelLlamaWithOverrides,
+    SamplerChain,
+)
 from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
 from hearthside.core.engine.grammar_limits import GrammarError, check_grammar_bounds
 from hearthside.core.engine.load_report import parse_load_log
@@ -119,20 +128,45 @@ class Engine:
         self._abort = _AbortSwitch(self._llama.ctx)
         self.chat_template = self._make_chat_template()
         self._draft: CountingDraft | None = None
+        self._scheduler: BatchScheduler | None = None
+        # Callers between their first native call and handing the request to the scheduler
+        # (tokenizing, building samplers): close() waits for them before freeing the model.
+        self._admitting = 0
+        self._admission = threading.Condition()
+        self._closed = False
         try:
             self.set_speculative(config.speculative)
+            if config.n_parallel > 1:
+                self._scheduler = BatchScheduler(
+                    self._llama.ctx,
+                    n_slots=config.n_parallel,
+                    n_batch=int(llama_cpp.llama_n_batch(self._llama.ctx)),
+                ).start()
         except BaseException:
             self._llama.close()
             raise
 
     @property
     def llama(self) -> SpeculativeLlama:
-        """The underlying Llama, for diagnostics and benchmarks run as engine jobs."""
+        """The underlying Llama, for diagnostics and benchmarks run as engine jobs.
+
+        Only with `n_parallel` 1: with more slots the batch scheduler's thread owns the
+        context, and the benchmarks' raw evaluations (on sequence 0, resetting the whole
+        cache) would corrupt the replies it is writing.
+        """
+        self._require_single_sequence("Raw llama.cpp access (benchmarks, capacity audits)")
         return self._llama
 
     @property
     def n_ctx(self) -> int:
+        """Tokens one conversation may use: with several slots, one slot's share."""
+        if self.config.n_parallel > 1:
+            return int(llama_cpp.llama_n_ctx_seq(self._llama.ctx))
         return int(self._llama.n_ctx())
+
+    @property
+    def n_parallel(self) -> int:
+        return self.config.n_parallel
 
     @property
     def n_vocab(self) -> int:
@@ -145,6 +179,13 @@ class Engine:
 
     def set_speculative(self, speculative: SpeculativeConfig) -> None:
         """Switch speculative decoding without reloading the model (a draft model loads)."""
+        if speculative.enabled and self.config.n_parallel > 1:
+            raise EngineError(
+                f"Speculative decoding ({speculative.mode}) works with one request at a time; "
+                f"this model is loaded with {self.config.n_parallel} parallel slots.",
+                hint="Load the model with n_parallel 1 to use speculative decoding, or turn "
+                "speculation off.",
+            )
         if speculative.mode == "draft_model" and speculative.draft_model_path:
             require_compatible_draft(self.model_path, Path(speculative.draft_model_path))
         draft = make_draft(speculative, self.config)
@@ -170,6 +211,12 @@ class Engine:
         return self._draft.live_stats() if self._draft is not None else None
 
     def close(self) -> None:
+        if self._scheduler is not None:
+            with self._admission:
+                self._closed = True
+                self._admission.wait_for(lambda: self._admitting == 0)
+            self._scheduler.close()
+            self._scheduler = None
         if self._draft is not None:
             self._draft.close()
             self._draft = None
@@ -177,7 +224,18 @@ class Engine:
 
     def clear_cache(self) -> None:
         """Forget the KV cache, so the next generation evaluates its whole prompt."""
+        if self._scheduler is not None:
+            self._scheduler.clear_cache()
+            return
         self._llama.reset()
+
+    def _require_single_sequence(self, what: str) -> None:
+        if self.config.n_parallel > 1:
+            raise EngineError(
+                f"{what} needs the model loaded with n_parallel 1; it is loaded with "
+                f"{self.config.n_parallel} parallel slots.",
+                hint="Load the model again with n_parallel 1 for this.",
+            )
 
     # ---- prompts ---------------------------------------------------------------------------
 
@@ -219,7 +277,8 @@ class Engine:
     ) -> GenerationResult:
         """Stream the assistant's reply to `messages`; `on_text` gets each new piece of text."""
         started = time.perf_counter()
-        prompt_tokens = self.tokenize_prompt(self.render_chat(messages))
+        with self._admitted():
+            prompt_tokens = self.tokenize_prompt(self.render_chat(messages))
         format_stops = self.chat_template.stop_sequences
         if format_stops:
             sampling = dataclasses.replace(sampling, stop=sampling.stop + format_stops)
@@ -240,19 +299,74 @@ class Engine:
         """Continue `prompt_tokens`, reusing whatever prefix of them the KV cache holds.
 
         A `reply` (a chat answer) starts at its first visible character; a raw continuation
-        keeps its leading space.
+        keeps its leading space. With several slots this blocks until the reply is done,
+        while other threads' replies are decoded in the same batches.
         """
         started = time.perf_counter() if started is None else started
         self._check_prompt_fits(len(prompt_tokens), sampling)
         cancel = cancel or threading.Event()
+        if self.config.n_parallel > 1:
+            return self._generate_in_batch(prompt_tokens, sampling, on_text, cancel, started, reply)
         reused = self._reuse_cached_prefix(prompt_tokens)
-        run = _GenerationRun(self, sampling, started, len(prompt_tokens), reused, reply)
+        run = _GenerationRun(
+            self,
+            sampling,
+            started,
+            len(prompt_tokens),
+            reused,
+            reply,
+            on_text=on_text,
+            cancel=cancel,
+            on_first_token=self.prompt_evaluated,
+        )
         if self._draft is not None:
             self._draft.begin_generation()
         with self._armed_abort(cancel):
-            text = run.stream(self._token_stream(prompt_tokens, sampling), on_text, cancel)
+            text = run.stream(self._token_stream(prompt_tokens, sampling))
         stats = self._settle_draft(prompt_tokens, run)
         return GenerationResult(text=text, metrics=run.metrics(stats), tokens=tuple(run.sampled))
+
+    def _generate_in_batch(
+        self,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingParams,
+        on_text: TextCallback | None,
+        cancel: threading.Event,
+        started: float,
+        reply: bool,
+    ) -> GenerationResult:
+        n_prompt = len(prompt_tokens)
+
+        def start(reused: int, emit: TextCallback) -> _GenerationRun:
+            return _GenerationRun(
+                self, sampling, started, n_prompt, reused, reply, on_text=emit, cancel=cancel
+            )
+
+        with self._admitted():
+            scheduler = self._scheduler
+            assert scheduler is not None  # set until close(), which waits for admissions
+            grammar = self._grammar_sampler(sampling.grammar) if sampling.grammar else None
+            sampler = SamplerChain(sampling, self.n_vocab, grammar)
+            request = BatchRequest(prompt_tokens, sampler, cancel, start)
+            scheduler.submit(request)
+        return scheduler.wait(request, on_text)
+
+    @contextlib.contextmanager
+    def _admitted(self) -> Iterator[None]:
+        """Native calls on a caller's thread (several slots only): never on a closed model."""
+        if self.config.n_parallel == 1:
+            yield
+            return
+        with self._admission:
+            if self._closed:
+                raise EngineError("The model is not loaded any more.", hint="Load it again.")
+            self._admitting += 1
+        try:
+            yield
+        finally:
+            with self._admission:
+                self._admitting -= 1
+                self._admission.notify_all()
 
     def _settle_draft(
         self, prompt_tokens: Sequence[int], run: _GenerationRun
@@ -330,6 +444,12 @@ class Engine:
         """
         if gbnf is None:
             return None
+        llama_cpp.llama_sampler_free(self._grammar_sampler(gbnf))  # the probe
+        return LlamaGrammar.from_string(gbnf, verbose=False)
+
+    def _grammar_sampler(self, gbnf: str) -> llama_cpp.llama_sampler_p:
+        """llama.cpp's grammar sampler for `gbnf`, after the bounds check; the caller owns it.
+        A grammar llama.cpp refuses is a `GrammarError`, never a NULL sampler."""
         check_grammar_bounds(gbnf)
         try:
             native = gbnf.encode()
@@ -337,16 +457,15 @@ class Engine:
             raise GrammarError(
                 "The grammar for the requested output format is not valid Unicode."
             ) from None
-        probe = llama_cpp.llama_sampler_init_grammar(self._vocab, native, b"root")
-        if not probe:
+        sampler = llama_cpp.llama_sampler_init_grammar(self._vocab, native, b"root")
+        if not sampler:
             raise GrammarError(
                 "The requested output format could not be turned into a grammar: llama.cpp "
                 "refused it (for example a `$ref` that leads back to itself before any text, "
                 "which is left recursion, or a `pattern` it cannot read).",
                 hint="Fix or simplify the JSON schema (or tool parameters) and try again.",
             )
-        llama_cpp.llama_sampler_free(probe)
-        return LlamaGrammar.from_string(gbnf, verbose=False)
+        return sampler
 
     @contextlib.contextmanager
     def _armed_abort(self, cancel: threading.Event) -> Iterator[None]:
@@ -363,14 +482,17 @@ class Engine:
     # ---- raw measurements (for `hearthside bench`) ---------------------------------------
 
     def time_prefill(self, tokens: Sequence[int]) -> float:
-        """Seconds to evaluate `tokens` into an empty cache."""
+        """Seconds to evaluate `tokens` into an empty cache (n_parallel 1 only)."""
+        self._require_single_sequence("Benchmarking")
         self._llama.reset()
         start = time.perf_counter()
         self._llama.eval(list(tokens))
         return time.perf_counter() - start
 
     def time_decode(self, tokens: Sequence[int]) -> float:
-        """Seconds to evaluate `tokens` one at a time after a single start token."""
+        """Seconds to evaluate `tokens` one at a time after a single start token (n_parallel 1
+        only)."""
+        self._require_single_sequence("Benchmarking")
         self._llama.reset()
         self._llama.eval(list(tokens[:1]))
         start = time.perf_counter()
@@ -392,7 +514,11 @@ class Engine:
 
 
 class _GenerationRun:
-    """The bookkeeping of one generation: text assembly, stops, limits and timings."""
+    """The bookkeeping of one generation: text assembly, stops, limits and timings.
+
+    Push style: `feed` takes each sampled token and says whether to go on, so the
+    single-sequence pull loop (`stream`) and the batch scheduler (batch.py) both drive it.
+    """
 
     def __init__(
         self,
@@ -402,6 +528,10 @@ class _GenerationRun:
         n_prompt: int,
         reused: int,
         trim_start: bool,
+        *,
+        on_text: TextCallback | None = None,
+        cancel: threading.Event | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.trim_start = trim_start
@@ -409,66 +539,37 @@ class _GenerationRun:
         self.started = started
         self.n_prompt = n_prompt
         self.reused = reused
+        self.cancel = cancel or threading.Event()
         self.prefill_started = time.perf_counter()
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.completion_tokens = 0
         self.sampled: list[int] = []  # every token the model sampled, the final EOS included
         self.stop_reason = "eos"
+        self._on_text = on_text
+        self._on_first_token = on_first_token
+        self._max_tokens = sampling.max_tokens or sampling.default_max_tokens
+        self._n_ctx = engine.n_ctx
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._stops = StopMatcher(sampling.stop)
+        self._emitted: list[str] = []
 
-    def stream(
-        self, tokens: Iterator[int], on_text: TextCallback | None, cancel: threading.Event
-    ) -> str:
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        stops = StopMatcher(self.sampling.stop)
-        emitted: list[str] = []
-
-        def emit(piece: str) -> None:
-            if self.trim_start and not emitted:
-                piece = piece.lstrip()
-            if piece:
-                emitted.append(piece)
-                if on_text is not None:
-                    on_text(piece)
-
+    def stream(self, tokens: Iterator[int]) -> str:
+        """Feed every token of `tokens` until the generation is over; the reply's text."""
         try:
-            for token in self._until_limits(tokens, cancel):
-                piece, stopped = stops.feed(decoder.decode(self.engine.token_text(token)))
-                emit(piece)
-                if stopped:
-                    self.stop_reason = "stop"
+            for token in self._guarded(tokens):
+                if not self.feed(token):
                     break
         finally:
             if hasattr(tokens, "close"):
                 tokens.close()
-        if self.stop_reason != "stop":
-            emit(stops.flush(decoder.decode(b"", final=True)))
-        return "".join(emitted)
+        return self.finish()
 
-    def _until_limits(self, tokens: Iterator[int], cancel: threading.Event) -> Iterator[int]:
-        """The generated tokens, up to EOS, max_tokens, a full context or cancellation."""
-        max_tokens = self.sampling.max_tokens or self.sampling.default_max_tokens
-        n_ctx = self.engine.n_ctx
+    def _guarded(self, tokens: Iterator[int]) -> Iterator[int]:
         try:
-            for token in tokens:
-                self._note_token()
-                self.sampled.append(token)
-                if self.engine.is_end_of_generation(token):
-                    self.stop_reason = "eos"
-                    return
-                self.completion_tokens += 1
-                yield token
-                if cancel.is_set():
-                    self.stop_reason = "cancelled"
-                    return
-                if max_tokens is not None and self.completion_tokens >= max_tokens:
-                    self.stop_reason = "length"
-                    return
-                if self.n_prompt + self.completion_tokens >= n_ctx:
-                    self.stop_reason = "context_full"
-                    return
+            yield from tokens
         except RuntimeError as exc:  # llama_decode failed; an abort shows up the same way
-            if cancel.is_set():
+            if self.cancel.is_set():
                 self.stop_reason = "cancelled"
                 return
             raise EngineError(
@@ -476,11 +577,59 @@ class _GenerationRun:
                 hint="Try again; if it keeps failing, reload the model with a smaller context.",
             ) from exc
 
+    def feed(self, token: int) -> bool:
+        """Take the next sampled token; False once the generation is over (EOS, a stop
+        sequence, max_tokens, a full context or cancellation: see `stop_reason`)."""
+        self._note_token()
+        self.sampled.append(token)
+        if self.engine.is_end_of_generation(token):
+            self.stop_reason = "eos"
+            return False
+        self.completion_tokens += 1
+        piece, stopped = self._stops.feed(self._decoder.decode(self.engine.token_text(token)))
+        self._emit(piece)
+        if stopped:
+            self.stop_reason = "stop"
+        elif self.cancel.is_set():
+            self.stop_reason = "cancelled"
+        elif self._max_tokens is not None and self.completion_tokens >= self._max_tokens:
+            self.stop_reason = "length"
+        elif self.n_prompt + self.completion_tokens >= self._n_ctx:
+            self.stop_reason = "context_full"
+        else:
+            return True
+        return False
+
+    def stop(self, reason: str) -> None:
+        """End the generation from outside (a cancel seen between batch steps)."""
+        self.stop_reason = reason
+
+    def finish(self) -> str:
+        """The reply's text, with whatever was held back for a stop sequence that never came."""
+        if self.stop_reason != "stop":
+            self._emit(self._stops.flush(self._decoder.decode(b"", final=True)))
+        return "".join(self._emitted)
+
+    def outcome(self, speculative: SpeculationStats | None = None) -> GenerationResult:
+        text = self.finish()
+        return GenerationResult(
+            text=text, metrics=self.metrics(speculative), tokens=tuple(self.sampled)
+        )
+
+    def _emit(self, piece: str) -> None:
+        if self.trim_start and not self._emitted:
+            piece = piece.lstrip()
+        if piece:
+            self._emitted.append(piece)
+            if self._on_text is not None:
+                self._on_text(piece)
+
     def _note_token(self) -> None:
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
-            self.engine.prompt_evaluated()
+            if self._on_first_token is not None:
+                self._on_first_token()
         self.last_token_at = now
 
     def metrics(self, speculative: SpeculationStats | None = None) -> GenerationMetrics:
@@ -519,6 +668,8 @@ def _load_llama(config: EngineConfig, *, verbose: bool) -> SpeculativeLlama:
     native_log.install()
     native_log.forget()
     try:
+        if config.n_parallel > 1:
+            return _load_parallel_llama(config, kwargs, verbose=verbose)
         if config.tensor_overrides:
             return SpeculativeLlamaWithOverrides(
                 **kwargs,
@@ -530,10 +681,25 @@ def _load_llama(config: EngineConfig, *, verbose: bool) -> SpeculativeLlama:
         reason = native_log.last_failure_line()
         if not reason and isinstance(exc, MemoryError):
             reason = str(exc)  # llama-cpp-python's numpy logits array: no llama.cpp log line
+        slots = f" in each of {config.n_parallel} slots" if config.n_parallel > 1 else ""
         raise EngineLoadError(
             f"llama.cpp could not load {Path(config.model_path).name} with a context of "
-            f"{config.n_ctx} tokens and {config.n_gpu_layers} GPU layers"
+            f"{config.n_ctx} tokens{slots} and {config.n_gpu_layers} GPU layers"
             + (f" ({reason})." if reason else "."),
             hint="If memory is short, try a smaller context or fewer GPU layers; if the file "
             "is damaged, download or copy it again.",
         ) from exc
+
+
+def _load_parallel_llama(
+    config: EngineConfig, kwargs: dict[str, Any], *, verbose: bool
+) -> SpeculativeLlama:
+    """A Llama whose context has `n_parallel` sequence slots of `n_ctx` cells each."""
+    if config.tensor_overrides:
+        return ParallelLlamaWithOverrides(
+            **kwargs,
+            verbose=verbose,
+            n_seq_max=config.n_parallel,
+            tensor_overrides=native_overrides(config.tensor_overrides),
+        )
+    return ParallelLlama(**kwargs, verbose=verbose, n_seq_max=config.n_parallel)

@@ -1,8 +1,10 @@
 """Loading again, smaller, when llama.cpp cannot allocate what was chosen.
 
 The settings were chosen to fit (autotune/load_settings.py), but an estimate can be wrong and
-memory can be taken meanwhile. When a load fails for want of memory, it is tried again with
-half the context and a KV cache of at most q8_0, twice at most, and whoever loads hears why.
+memory can be taken meanwhile. When a load fails for want of memory, it is tried again
+smaller, twice at most, and whoever loads hears why: with one slot when it had several
+(parallel requests go before the context, as in autotune/backoff.py), else with half the
+context and a KV cache of at most q8_0.
 Other load failures (a damaged file, an old engine) are raised at once: a smaller context
 would not help them.
 """
@@ -31,8 +33,11 @@ def is_allocation_failure(error: Exception) -> bool:
 
 
 def smaller_config(config: EngineConfig) -> EngineConfig | None:
-    """Half the context (not below MIN_RETRY_CONTEXT) with a KV cache of at most q8_0; None
-    when there is nothing left to shrink."""
+    """One slot where there were several; else half the context (not below
+    MIN_RETRY_CONTEXT) with a KV cache of at most q8_0; None when there is nothing left to
+    shrink."""
+    if config.n_parallel > 1:
+        return config.with_changes(n_parallel=1)
     kv = config.type_k if config.type_k in QUANTIZED_KV else "q8_0"
     smaller = config.with_changes(
         n_ctx=max(MIN_RETRY_CONTEXT, config.n_ctx // 2),
@@ -46,6 +51,11 @@ def smaller_config(config: EngineConfig) -> EngineConfig | None:
 def describe_retry(failed: EngineConfig, retry: EngineConfig) -> str:
     """E.g. "llama.cpp could not allocate memory for a 32768-token context; retrying with
     16384 tokens and a q8_0 KV cache." """
+    if retry.n_parallel != failed.n_parallel:
+        return (
+            f"llama.cpp could not allocate memory for {failed.n_parallel} parallel requests of "
+            f"{failed.n_ctx} tokens each; retrying with one request at a time."
+        )
     changes = [f"{retry.n_ctx} tokens"] if retry.n_ctx != failed.n_ctx else []
     if (retry.type_k, retry.type_v) != (failed.type_k, failed.type_v):
         changes.append(f"a {retry.type_k} KV cache")

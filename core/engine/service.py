@@ -1,48 +1,78 @@
-"""`EngineService`: the one thread that owns the engine, fed by a bounded FIFO queue of jobs.
+"""`EngineService`: the one place that owns the loaded engine, fed by a bounded FIFO queue.
 
-The CLI, the window and the API all submit jobs here; nobody else touches a `Llama`. Every
-job has its own cancel event, checked between tokens (and inside long prompt evaluations),
-so cancelling one reply never disturbs another. A full queue refuses new work at once.
+The CLI, the window and the API all submit jobs here; nobody else holds a `Llama`. The model
+itself lives in a worker process (`WorkerEngine`, core/engine/worker.py), so a native crash
+ends that process, not the app: the jobs in flight fail with `EngineCrashedError`, the service
+starts a new worker with the same settings, and after a second crash in a row it falls back
+to the safest settings (`EngineConfig.safest`) — telling its listeners each time.
 
-The service holds either a local `Engine` (loaded from an `EngineConfig`) or a `RemoteEngine`
+Every job has its own cancel event. Generations (`Job.shared`) run side by side up to the
+engine's slots (`n_parallel`: the worker batches them); any other job (a load, a benchmark)
+waits for the engine to be idle and has it alone. A full queue refuses new work at once.
+
+The service holds either a local engine (loaded from an `EngineConfig`) or a `RemoteEngine`
 (connected from a `RemoteConfig`); `chat` works the same over both, `call` needs a local one.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, TextCallback
 from hearthside.core.engine.load_retry import load_retrying
 from hearthside.core.engine.metrics import SpeculationStats
 from hearthside.core.engine.remote import RemoteConfig, RemoteEngine
-from hearthside.core.errors import EngineError, JobCancelledError, QueueFullError
+from hearthside.core.engine.worker_engine import LocalEngine, WorkerEngine
+from hearthside.core.errors import (
+    EngineCrashedError,
+    EngineError,
+    JobCancelledError,
+    QueueFullError,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_MAX_QUEUE = 8
-EngineFactory = Callable[[EngineConfig], Engine]
+EngineFactory = Callable[[EngineConfig], LocalEngine]
 RemoteFactory = Callable[[RemoteConfig], RemoteEngine]
 RetryNote = Callable[[str], None]
-LoadedEngine = Engine | RemoteEngine
+LoadedEngine = Engine | WorkerEngine | RemoteEngine
 AnyConfig = EngineConfig | RemoteConfig
+NoticeKind = Literal["crashed", "restarted", "restart_failed"]
+
+
+@dataclass(frozen=True)
+class EngineNotice:
+    """Something the service did on its own that the user should hear about."""
+
+    kind: NoticeKind
+    message: str
+    crash: EngineCrashedError | None = None
+
+
+Listener = Callable[[EngineNotice], None]
 
 
 @dataclass
 class Job(Generic[T]):
-    """Work to run on the engine thread: `run(engine, cancel)` returns the job's result."""
+    """Work to run on the engine: `run(engine, cancel)` returns the job's result.
+
+    A `shared` job (a generation) may run beside other shared jobs, up to the engine's slots;
+    any other job has the engine to itself.
+    """
 
     run: Callable[[LoadedEngine | None, threading.Event], T]
     description: str = "job"
     cancel_event: threading.Event = field(default_factory=threading.Event)
     future: Future[T] = field(default_factory=Future)
+    shared: bool = False
 
     def cancel(self) -> None:
         """Stop this job: before it starts, or between two tokens while it runs."""
@@ -56,23 +86,30 @@ class Job(Generic[T]):
 
 
 class EngineService:
-    """Runs jobs one at a time on a dedicated thread that owns the loaded Engine."""
+    """Runs jobs on the loaded engine: generations side by side, anything else alone."""
 
     def __init__(
         self,
         *,
         max_queue: int = DEFAULT_MAX_QUEUE,
-        engine_factory: EngineFactory = Engine,
+        engine_factory: EngineFactory = WorkerEngine,
         remote_factory: RemoteFactory = RemoteEngine,
     ) -> None:
-        self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
+        self._max_queue = max_queue
+        self._pending: collections.deque[Job[Any]] = collections.deque()
+        self._condition = threading.Condition()
+        self._running = 0
+        self._exclusive = False
         self._engine_factory = engine_factory
         self._remote_factory = remote_factory
         self._engine: LoadedEngine | None = None
+        self._requested: EngineConfig | None = None  # what the caller asked to load
+        self._crashes_in_a_row = 0
+        self._restart_wanted = False
+        self._listeners: list[Listener] = []
         self._thread = threading.Thread(target=self._work, name="hearthside-engine", daemon=True)
         self._started = False
         self._stopping = False
-        self._busy = False
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -83,12 +120,13 @@ class EngineService:
         return self
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        """Cancel queued jobs, let the running one stop, unload the model, end the thread."""
+        """Cancel queued jobs, let the running ones stop, unload the model, end the thread."""
         if not self._started or self._stopping:
             return
-        self._stopping = True
-        self._cancel_queued()
-        self._queue.put(None)
+        with self._condition:
+            self._stopping = True
+            self._cancel_queued()
+            self._condition.notify_all()
         self._thread.join(timeout)
 
     def __enter__(self) -> EngineService:
@@ -96,6 +134,10 @@ class EngineService:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+    def add_listener(self, listener: Listener) -> None:
+        """`listener` hears of crashes and restarts, on the service's own threads."""
+        self._listeners.append(listener)
 
     @property
     def loaded_config(self) -> AnyConfig | None:
@@ -108,34 +150,53 @@ class EngineService:
     def is_remote(self) -> bool:
         return isinstance(self._engine, RemoteEngine)
 
+    @property
+    def worker_pid(self) -> int | None:
+        """The engine worker process's id (None: no model, in-process or remote)."""
+        engine = self._engine
+        return engine.pid if isinstance(engine, WorkerEngine) else None
+
     def live_speculation(self) -> SpeculationStats | None:
         """Drafted and accepted tokens so far in the running reply, read from any thread
         without waiting for the engine (None: no speculation, or a remote engine)."""
         engine = self._engine
-        return engine.live_speculation() if isinstance(engine, Engine) else None
+        return (
+            None
+            if isinstance(engine, RemoteEngine) or engine is None
+            else engine.live_speculation()
+        )
 
     @property
     def busy(self) -> bool:
-        """True while a job is running on the engine thread."""
-        return self._busy
+        """True while a job is running on the engine."""
+        return self._running > 0
 
     @property
     def waiting_jobs(self) -> int:
-        """Jobs queued behind the running one (approximate while jobs come and go)."""
-        return self._queue.qsize()
+        """Jobs queued behind the running ones (approximate while jobs come and go)."""
+        return len(self._pending)
+
+    @property
+    def slots(self) -> int:
+        """Generations the loaded engine serves at the same time."""
+        engine = self._engine
+        if engine is None or isinstance(engine, RemoteEngine):
+            return 1
+        return engine.config.n_parallel
 
     # ---- submitting work ---------------------------------------------------------------
 
     def submit(self, job: Job[T]) -> Job[T]:
         """Queue `job`; raises QueueFullError at once when the queue is full."""
-        if self._stopping or not self._started:
-            raise EngineError("The engine is not running.")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFullError(
-                "Hearthside is busy with other requests.", hint="Try again in a few seconds."
-            ) from None
+        with self._condition:
+            if self._stopping or not self._started:
+                raise EngineError("The engine is not running.")
+            if len(self._pending) >= self._max_queue:
+                raise QueueFullError(
+                    "Hearthside is busy with other requests.", hint="Try again in a few seconds."
+                )
+            self._pending.append(job)
+            self._condition.notify_all()
         return job
 
     @overload
@@ -157,10 +218,13 @@ class EngineService:
 
         def run(_engine: LoadedEngine | None, _cancel: threading.Event) -> AnyConfig:
             self._unload()
+            self._crashes_in_a_row = 0
             if isinstance(config, RemoteConfig):
+                self._requested = None
                 remote = self._remote_factory(config)
                 self._engine = remote
                 return remote.config
+            self._requested = config
             if on_retry is None:
                 self._engine = self._engine_factory(config)
                 return config
@@ -175,15 +239,15 @@ class EngineService:
         sampling: SamplingParams,
         on_text: TextCallback | None = None,
     ) -> Job[GenerationResult]:
-        """Queue a chat reply; `on_text` is called on the engine thread with each new piece."""
+        """Queue a chat reply; `on_text` is called on an engine thread with each new piece."""
         history = list(messages)
 
         def run(engine: LoadedEngine | None, cancel: threading.Event) -> GenerationResult:
             return _require(engine).chat(history, sampling, on_text=on_text, cancel=cancel)
 
-        return self.submit(Job(run, description="chat"))
+        return self.submit(Job(run, description="chat", shared=True))
 
-    def call(self, fn: Callable[[Engine], T], description: str = "call") -> Job[T]:
+    def call(self, fn: Callable[[LocalEngine], T], description: str = "call") -> Job[T]:
         """Queue any function of a local engine (benchmarks, tokenizing); refused for a remote."""
         return self.submit(Job(lambda engine, _cancel: fn(_require_local(engine)), description))
 
@@ -191,46 +255,130 @@ class EngineService:
         """Queue a function that works on either kind of engine (`n_ctx`, `config`, `chat`)."""
         return self.submit(Job(lambda engine, _cancel: fn(_require(engine)), description))
 
-    # ---- the worker thread -------------------------------------------------------------
+    # ---- running jobs ------------------------------------------------------------------
 
     def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                break
-            self._run(job)
+        while (job := self._next_job()) is not None:
+            if job.cancel_event.is_set() or not job.future.set_running_or_notify_cancel():
+                self._finished(job, cancelled=True)
+                continue
+            threading.Thread(target=self._run, args=(job,), name="hearthside-engine").start()
+        with self._condition:
+            self._condition.wait_for(lambda: self._running == 0)
         self._unload()
 
+    def _next_job(self) -> Job[Any] | None:
+        """The next job that may start now, counted as running; None once stopping."""
+        with self._condition:
+            while True:
+                if self._stopping:
+                    return None
+                if self._restart_wanted and self._running == 0:
+                    self._restart_wanted = False
+                    self._running, self._exclusive = 1, True
+                    self._condition.release()
+                    try:
+                        self._restart_after_crash()
+                    finally:
+                        self._condition.acquire()
+                        self._running, self._exclusive = 0, False
+                    continue
+                if self._pending and self._may_start(self._pending[0]):
+                    job = self._pending.popleft()
+                    self._running += 1
+                    self._exclusive = not job.shared
+                    return job
+                self._condition.wait()
+
+    def _may_start(self, job: Job[Any]) -> bool:
+        if self._restart_wanted:
+            return False
+        if job.shared:
+            return not self._exclusive and self._running < self.slots
+        return self._running == 0
+
     def _run(self, job: Job[Any]) -> None:
-        if job.cancel_event.is_set():
-            job.future.set_exception(JobCancelledError("The request was cancelled."))
-            return
-        if not job.future.set_running_or_notify_cancel():
-            return
-        self._busy = True
         try:
             job.future.set_result(job.run(self._engine, job.cancel_event))
-        except BaseException as exc:  # the worker must survive whatever one job raises
+        except BaseException as exc:  # the service must survive whatever one job raises
             if not isinstance(exc, EngineError):
                 log.exception("engine job %s failed", job.description)
             job.future.set_exception(exc)
-        finally:
-            self._busy = False
+            self._finished(job, crashed=isinstance(exc, EngineCrashedError))
+        else:
+            self._finished(job)
+
+    def _finished(self, job: Job[Any], *, cancelled: bool = False, crashed: bool = False) -> None:
+        with self._condition:
+            if cancelled:
+                if not job.future.done():
+                    job.future.set_exception(JobCancelledError("The request was cancelled."))
+            elif crashed:
+                self._restart_wanted = self._worker_died()
+            elif job.shared:
+                self._crashes_in_a_row = 0
+            self._running -= 1
+            if self._running == 0:
+                self._exclusive = False
+            self._condition.notify_all()
+
+    def _worker_died(self) -> bool:
+        engine = self._engine
+        return isinstance(engine, WorkerEngine) and not engine.alive
+
+    # ---- after a crash -----------------------------------------------------------------
+
+    def _restart_after_crash(self) -> None:
+        """A new worker with the same settings; after a second crash in a row, the safest."""
+        crashed = self._engine
+        assert isinstance(crashed, WorkerEngine)
+        crash = crashed.crash
+        what = crash.message if crash else "The engine crashed."
+        self._unload()
+        self._crashes_in_a_row += 1
+        config = self._requested or crashed.config
+        if self._crashes_in_a_row >= 2:
+            if config == config.safest():
+                self._tell("restart_failed", _gave_up_text(what), crash)
+                return
+            config = self._requested = config.safest()
+            how = f"with the safest settings ({config.describe_safety()})"
+        else:
+            how = "with the same settings"
+        self._tell("crashed", f"{what} Hearthside is restarting it {how}.", crash)
+        try:
+            self._engine, _loaded = load_retrying(self._engine_factory, config, log.info)
+        except EngineError as exc:
+            self._tell("restart_failed", f"The engine could not restart: {exc.user_text()}", crash)
+            return
+        self._tell("restarted", f"The engine is running again, {how}.", crash)
+
+    def _tell(self, kind: NoticeKind, message: str, crash: EngineCrashedError | None) -> None:
+        log.warning("%s", message)
+        notice = EngineNotice(kind, message, crash)
+        for listener in list(self._listeners):
+            try:
+                listener(notice)
+            except Exception:
+                log.exception("engine notice listener failed")
 
     def _cancel_queued(self) -> None:
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None:
-                job.cancel()
-                job.future.set_exception(JobCancelledError("Hearthside is shutting down."))
+        while self._pending:
+            job = self._pending.popleft()
+            job.cancel()
+            job.future.set_exception(JobCancelledError("Hearthside is shutting down."))
 
     def _unload(self) -> None:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+
+def _gave_up_text(what: str) -> str:
+    return (
+        f"{what} It crashed again with the safest settings, so Hearthside stopped restarting it. "
+        "Load the model again, or run `hearthside engine selftest` to check the engine build."
+    )
 
 
 def _require(engine: LoadedEngine | None) -> LoadedEngine:
@@ -239,7 +387,7 @@ def _require(engine: LoadedEngine | None) -> LoadedEngine:
     return engine
 
 
-def _require_local(engine: LoadedEngine | None) -> Engine:
+def _require_local(engine: LoadedEngine | None) -> LocalEngine:
     loaded = _require(engine)
     if isinstance(loaded, RemoteEngine):
         raise EngineError(

@@ -30,12 +30,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearthside.core.engine.config import EngineConfigError, SamplingParams
-from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
+from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.grammar_limits import GrammarError
 from hearthside.core.engine.remote import RemoteEngine, RemoteServerError
-from hearthside.core.engine.service import EngineService, Job, LoadedEngine
+from hearthside.core.engine.service import EngineService, Job, LoadedEngine, LocalEngine
 from hearthside.core.errors import (
     ContextOverflowError,
+    EngineCrashedError,
     EngineError,
     HearthsideError,
     JobCancelledError,
@@ -165,6 +166,8 @@ def error_response(exc: HearthsideError) -> JSONResponse:
         return openai_error(400, exc.message, type_="invalid_request_error")
     if isinstance(exc, JobCancelledError):
         return openai_error(499, exc.message, type_="invalid_request_error", code="cancelled")
+    if isinstance(exc, EngineCrashedError):  # the service restarts it; the next request is served
+        return openai_error(500, exc.message, type_="server_error", code="engine_crashed")
     if isinstance(exc, RemoteServerError):
         status = exc.client_status
         kind = "invalid_request_error" if status < 500 else "server_error"
@@ -245,7 +248,7 @@ class GenerationPlan:
     tools: tuple[structured.ToolSpec, ...] = ()
 
     def run(
-        self, engine: Engine, cancel: Any, on_text: Callable[[str], None] | None
+        self, engine: LocalEngine, cancel: Any, on_text: Callable[[str], None] | None
     ) -> GenerationResult:
         if self.messages is not None:
             return engine.chat(self.messages, self.sampling, on_text=on_text, cancel=cancel)
@@ -367,7 +370,7 @@ def _submit(
             raise _model_changed()
         return plan.run(engine, cancel, on_text)
 
-    return service.submit(Job(run, description=plan.kind))
+    return service.submit(Job(run, description=plan.kind, shared=True))
 
 
 def _thread_safe_put(queue: asyncio.Queue[T]) -> Callable[[T], None]:
@@ -561,7 +564,7 @@ class _Relay:
     async def respond(self, request: Request, service: EngineService) -> Response:
         if self.stream:
             return await self._respond_streaming(request, service)
-        job = service.submit(Job(self._run_whole, description=f"relay {self.route}"))
+        job = service.submit(Job(self._run_whole, description=f"relay {self.route}", shared=True))
         try:
             reply = await _wait_unless_client_leaves(job, request)
         except ClientGone:
@@ -575,7 +578,7 @@ class _Relay:
         def run(engine: LoadedEngine | None, cancel: Any) -> None:
             self._run_stream(engine, cancel, put)
 
-        job = service.submit(Job(run, description=f"relay {self.route}"))
+        job = service.submit(Job(run, description=f"relay {self.route}", shared=True))
         job.future.add_done_callback(lambda _f: put(None))
         try:
             first = await _first_event(events, job, request)

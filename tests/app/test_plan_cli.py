@@ -147,3 +147,57 @@ def test_variants_as_json_name_the_choice_and_the_runners_up(
     only = json.loads(capsys.readouterr().out)["variants"]
     assert only["chosen"]["variant"] == "Q4_0"
     assert not any(row["can_be_made"] for row in only["runners_up"])
+
+
+def what_if(tmp_path: Path, **spec: object) -> str:
+    hardware = tmp_path / "machine.json"
+    hardware.write_text(json.dumps({"schema": 1, **spec}))
+    return str(hardware)
+
+
+def test_the_plan_prints_its_slots_and_their_kv_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hardware = what_if(tmp_path, gpus=[{"model": "rtx-3090"}], memory_gb=32)
+    assert main(["plan", "llama-3.1-8b", "--hardware-spec", hardware]) == 0
+    text = capsys.readouterr().out
+    slots = next(line for line in text.splitlines() if line.startswith("Slots "))
+    assert slots.startswith(
+        "Slots     4 parallel requests × 8192 tokens: KV cache for 32768 tokens, "
+    )
+    assert slots.endswith(" GiB")
+    assert "Why       n_parallel = 4: 4 requests at once" in text
+
+    assert main(["plan", "llama-3.1-8b", "--hardware-spec", hardware, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["config"]["n_parallel"] == 4 and document["config"]["n_ctx"] == 8192
+    assert document["slots"]["total_context"] == 32768
+    assert document["slots"]["text"] == slots.removeprefix("Slots     ")
+    kv = sum(device["kv_bytes"] for device in document["devices"])
+    assert document["slots"]["kv_bytes"] == kv
+
+
+def test_parallel_asked_for_is_planned_or_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hardware = what_if(tmp_path, memory_gb=8)
+    code = main(["plan", "llama-3.1-8b", "--hardware-spec", hardware, "--parallel", "2",
+                 "--ctx", "4096", "--json"])  # fmt: skip
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0 and document["fits"] and document["config"]["n_parallel"] == 2
+    code = main(["plan", "llama-3.1-8b", "--hardware-spec", hardware, "--parallel", "64",
+                 "--ctx", "8192"])  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 3  # NOTHING_FITS
+    assert "Advice    64 parallel requests of 8192 tokens each do not fit" in text
+    assert "(--parallel " in text
+
+
+@pytest.mark.parametrize("value", ["0", "65", "two", "-1"])
+def test_parallel_outside_1_to_64_is_a_usage_error(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "llama-3.1-8b", "--parallel", value])
+    assert exit_.value.code == 2
+    assert "parallel requests are a whole number from 1 to 64" in capsys.readouterr().err

@@ -111,7 +111,12 @@ def test_llama_server_recipe_from_a_saved_profile_as_json(
     assert run("llama-server", "qwen2.5-32b", "--hardware", str(profile), "--json") == 0
     data = json.loads(capsys.readouterr().out)
     assert data["command"][0] == "llama-server"
-    assert data["plan"]["config"]["n_ctx"] == int(data["command"][data["command"].index("-c") + 1])
+    config, command = data["plan"]["config"], data["command"]
+    # llama-server's -c is every slot's context together, shared out over -np slots
+    assert config["n_ctx"] * config["n_parallel"] == int(command[command.index("-c") + 1])
+    assert config["n_parallel"] == (
+        int(command[command.index("-np") + 1]) if "-np" in command else 1
+    )
     assert data["model_args"] == ["-hf", "Qwen/Qwen2.5-32B-Instruct-GGUF:Q4_K_M"]
 
 

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
+from hearthside.app import serve_cli
+from hearthside.app.cli import build_parser, main
+from hearthside.core.engine.config import EngineConfig
 from hearthside.core.server.keys import load_or_create_api_key
 
 
@@ -110,3 +114,50 @@ def test_serve_refuses_a_key_file_that_is_not_a_key(
     assert users_file.read_text() == "Chapter 1\n"
     assert users_file.stat().st_mode & 0o777 == 0o644
     assert folder.stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize("value", ["0", "65", "4.5", "many"])
+def test_serve_refuses_parallel_outside_1_to_64(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--parallel", value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"argument --parallel: parallel requests are a whole number from 1 to 64, not '{value}'"
+        in err
+    )
+
+
+class Stop(Exception):
+    """Raised by the stand-in for config_for: the test has seen what it needs."""
+
+
+@pytest.mark.parametrize(("argv", "asked"), [([], None), (["--parallel", "6"], 6)])
+def test_serve_passes_parallel_to_the_load_settings(
+    argv: list[str], asked: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[object] = []
+
+    def config_for(*args: object) -> None:
+        seen.append(args)
+        raise Stop
+
+    monkeypatch.setattr(serve_cli, "config_for", config_for)
+    assert main(["serve", "--model", "m.gguf", "--ctx", "2048", *argv]) == 2
+    assert seen == [("m.gguf", 2048, None, None, asked)]  # None: the planner's choice
+
+
+def test_serve_takes_parallel_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEARTHSIDE_PARALLEL", "3")
+    assert build_parser().parse_args(["serve"]).parallel == 3
+
+
+def test_serve_says_how_many_requests_it_answers_at_once() -> None:
+    assert serve_cli.slots_note(EngineConfig("m.gguf", n_ctx=8192, n_parallel=4)) == (
+        "Answers 4 requests at once, 8192 tokens each."
+    )
+    assert serve_cli.slots_note(EngineConfig("m.gguf", n_ctx=4096)) == (
+        "Answers one request at a time (4096 tokens); others wait their turn."
+    )

@@ -165,3 +165,78 @@ def test_when_even_the_smallest_does_not_fit_the_smallest_is_tried(
     assert chosen.backed_off and chosen.config.n_ctx == 512 and chosen.config.n_ubatch == 128
     assert chosen.why.startswith("Even 512 tokens with ")
     assert "under its 300 MiB memory limit; trying those anyway." in chosen.why
+
+
+# --- parallel requests: slots go first -----------------------------------------------------------
+
+
+def test_slots_are_halved_down_to_two_before_one() -> None:
+    assert backoff.slot_steps(8) == [8, 4, 2]
+    assert backoff.slot_steps(3) == [3]
+    assert backoff.slot_steps(1) == []
+
+
+def test_the_ladder_drops_slots_before_the_context(default_model_file: Path) -> None:
+    spec, profile = spec_from_gguf(default_model_file), limited(300)  # nothing fits: every step
+    margin = backoff.free_margin(profile.memory)
+    plans = list(backoff.plans_backing_off(spec, profile, {}, 8192, margin, n_parallel=4))
+    steps = [(p.config.n_parallel, p.config.n_ctx, p.config.n_ubatch) for p in plans]
+    assert steps[:5] == [
+        (4, 8192, 512),
+        (2, 8192, 512),
+        (1, 8192, 512),
+        (1, 8192, 128),
+        (1, 4096, 512),
+    ]
+    assert {slots for slots, _ctx, _ubatch in steps[3:]} == {1}  # a shorter context: one slot
+    assert steps[-1] == (1, 512, 128)
+
+
+def test_slots_asked_for_give_way_before_the_context_or_the_kv_cache(
+    default_model_file: Path, wisdom: WisdomDB
+) -> None:
+    profile = limited(1100)
+    chosen = choose_load_settings(default_model_file, profile, wisdom, n_ctx=8192, n_parallel=4)
+    assert chosen.source == "planned" and chosen.backed_off
+    assert chosen.config.n_ctx == 8192 and chosen.config.n_parallel < 4  # the context stays
+    assert fits(default_model_file, profile, chosen.config)
+    assert chosen.why.startswith("4 parallel requests of 8192 tokens each do not fit in the ")
+    one_more = chosen.config.with_changes(n_parallel=chosen.config.n_parallel * 2)
+    assert not fits(default_model_file, profile, one_more)  # with the same KV cache
+    single = choose_load_settings(default_model_file, profile, wisdom, n_ctx=8192, n_parallel=1)
+    assert chosen.config == single.config  # no coarser KV cache than one slot gets
+
+
+def test_slots_asked_for_keep_the_kv_cache_one_slot_would_have(
+    default_model_file: Path, wisdom: WisdomDB
+) -> None:
+    profile = limited(1500)
+    single = choose_load_settings(default_model_file, profile, wisdom, n_ctx=32768, n_parallel=1)
+    chosen = choose_load_settings(default_model_file, profile, wisdom, n_ctx=32768, n_parallel=4)
+    assert not single.backed_off and single.config.n_parallel == 1
+    assert chosen.config.n_ctx == 32768 and 1 < chosen.config.n_parallel < 4
+    kv_order = ("f16", "q8_0", "q4_0")
+    assert kv_order.index(chosen.config.type_k) <= kv_order.index(single.config.type_k)
+    assert "loading with 2 parallel requests" in chosen.why
+
+
+def test_slots_that_fit_are_not_backed_off(default_model_file: Path, wisdom: WisdomDB) -> None:
+    roomy = cpu_machine(MemoryInfo(total_bytes=16 * GIB, available_bytes=14 * GIB))
+    chosen = choose_load_settings(default_model_file, roomy, wisdom, n_ctx=4096, n_parallel=8)
+    assert not chosen.backed_off and chosen.config.n_parallel == 8
+    auto = choose(default_model_file, roomy, wisdom, 4096)
+    assert auto.config.n_parallel == 4 and not auto.backed_off  # the planner's default
+
+
+def test_fewer_slots_are_said_in_words() -> None:
+    config = EngineConfig("m", n_ctx=8192, n_parallel=2)
+    assert backoff.describe_changes(8192, config, 4) == "2 parallel requests"
+    one = EngineConfig("m", n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn=True)
+    assert backoff.describe_changes(8192, one, 4) == (
+        "1 request at a time, 4096 tokens and a q8_0 KV cache"
+    )
+    room = MemoryInfo(total_bytes=16 * GIB)
+    assert backoff.describe_backoff(8192, config, room, 2 * GIB, 4) == (
+        "4 parallel requests of 8192 tokens each do not fit in the 14.0 GiB of RAM left after "
+        "keeping 2.0 GiB free for other programs; loading with 2 parallel requests."
+    )

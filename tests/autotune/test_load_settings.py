@@ -10,8 +10,9 @@ import pytest
 
 from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.load_settings import choose_load_settings
+from hearthside.autotune.planner import DEFAULT_PARALLEL
 from hearthside.autotune.wisdom import WisdomDB
-from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
 from hearthside.core.probe.profile import CpuInfo, HardwareProfile, MemoryInfo
 from hearthside.core.probe.runner import probe_hardware
 from tests.fixtures.synthetic_gguf import SHAPES, write_synthetic_gguf
@@ -64,7 +65,8 @@ def test_measured_settings_win_and_keep_the_context_asked_for(
     wisdom.set_default(tuning_key(profile, model), tuned.to_dict(), "fastest")
     chosen = choose_load_settings(model, profile, wisdom, n_ctx=1024)
     assert chosen.source == "tuned" and "measured on this machine" in chosen.why
-    assert chosen.config == tuned.with_changes(n_ctx=1024)
+    # tuning measures one slot; a tiny model gets the planner's parallel requests beside it
+    assert chosen.config == tuned.with_changes(n_ctx=1024, n_parallel=DEFAULT_PARALLEL)
 
 
 def test_threads_the_user_sets_override_the_measured_ones(
@@ -110,3 +112,44 @@ def test_a_context_beyond_the_trained_one_is_capped_and_says_why(
     chosen = choose_load_settings(model, profile, wisdom, n_ctx=65536)
     assert chosen.config.n_ctx == 4096 and chosen.backed_off
     assert chosen.why.startswith("The model was trained on 4096 tokens, so the context is 4096")
+
+
+def test_slots_asked_for_win_over_the_planners_choice(
+    model: Path, profile: HardwareProfile, wisdom: WisdomDB
+) -> None:
+    chosen = choose_load_settings(model, profile, wisdom, n_ctx=1024, n_parallel=2)
+    assert chosen.source == "planned" and not chosen.backed_off
+    assert chosen.config.n_parallel == 2 and chosen.config.n_ctx == 1024
+    assert choose_load_settings(model, profile, wisdom, n_ctx=1024).config.n_parallel == 4
+
+
+def test_measured_settings_get_the_slots_asked_for_and_give_them_up_first(
+    long_model: Path, profile: HardwareProfile, wisdom: WisdomDB
+) -> None:
+    spare = 2 * GIB + 200 * MIB
+    small = replace(profile, gpus=(), memory=MemoryInfo(total_bytes=spare, available_bytes=spare))
+    tuned = EngineConfig(str(long_model), flash_attn=True, type_k="f16", type_v="f16")
+    wisdom.set_default(tuning_key(small, long_model), tuned.to_dict(), "fastest")
+    roomy = choose_load_settings(long_model, small, wisdom, n_ctx=512, n_parallel=3)
+    assert roomy.source == "tuned" and roomy.config.n_parallel == 3 and not roomy.backed_off
+    tight = choose_load_settings(long_model, small, wisdom, n_ctx=16384, n_parallel=64)
+    assert tight.source == "tuned" and tight.backed_off
+    assert tight.config.n_ctx == 16384 and tight.config.type_k == "f16"  # only slots given up
+    assert 1 <= tight.config.n_parallel < 64
+    assert "64 parallel requests of 16384 tokens each do not fit" in tight.why
+
+
+def test_measured_speculation_keeps_one_slot_unless_slots_are_asked_for(
+    model: Path, profile: HardwareProfile, wisdom: WisdomDB
+) -> None:
+    """Speculative decoding works with one request at a time: unasked, the tuned config keeps
+    it (and one slot); with slots asked for, the slots win and speculation is off."""
+    lookup = SpeculativeConfig(mode="prompt_lookup", draft_tokens=4)
+    tuned = EngineConfig(str(model), n_ctx=1024, speculative=lookup)
+    wisdom.set_default(tuning_key(profile, model), tuned.to_dict(), "fastest")
+    unasked = choose_load_settings(model, profile, wisdom, n_ctx=1024)
+    assert unasked.config.n_parallel == 1 and unasked.config.speculative == lookup
+    assert "works with one" in unasked.why
+    asked = choose_load_settings(model, profile, wisdom, n_ctx=1024, n_parallel=2)
+    assert asked.config.n_parallel == 2 and not asked.config.speculative.enabled
+    assert "Speculative decoding is off" in asked.why

@@ -49,6 +49,16 @@ def test_a_tensor_split_deals_layers_in_proportion() -> None:
     assert first == 60
 
 
+def test_each_slot_holds_its_own_kv_cache_and_logits_row() -> None:
+    spec = catalog_spec("gemma-3-4b")  # sliding-window layers too: each slot has its window
+    one = estimate_memory(spec, EngineConfig("m.gguf", n_ctx=8192, flash_attn=True))
+    four = estimate_memory(spec, EngineConfig("m.gguf", n_ctx=8192, flash_attn=True, n_parallel=4))
+    assert four.devices[CPU].kv_bytes == 4 * one.devices[CPU].kv_bytes
+    assert four.devices[CPU].output_bytes == 4 * one.devices[CPU].output_bytes
+    assert four.devices[CPU].weights_bytes == one.devices[CPU].weights_bytes
+    assert four.devices[CPU].compute_bytes >= one.devices[CPU].compute_bytes  # masks span them
+
+
 def test_a_70b_model_split_over_two_gpus_holds_its_weights_there() -> None:
     spec = catalog_spec("llama-3.1-70b")
     config = EngineConfig("m.gguf", n_ctx=8192, n_gpu_layers=-1)

@@ -9,10 +9,13 @@ import pytest
 
 from hearthside.autotune.memory import CPU
 from hearthside.autotune.planner import (
+    DEFAULT_PARALLEL,
     PREFILL_EFFICIENCY,
     Plan,
     cpu_expert_layers,
     describe_machine,
+    describe_slots,
+    evaluate_config,
     plan,
 )
 from hearthside.core.models.catalog import catalog_spec
@@ -248,3 +251,95 @@ def test_prefill_counts_the_blocks_not_the_embeddings() -> None:
     assert result.speed.prefill_tps == pytest.approx(
         100e9 * PREFILL_EFFICIENCY / (2 * blocks), rel=0.05
     )
+
+
+# --- parallel requests (slots) ----------------------------------------------------------------
+
+
+def slots_reason(result: Plan) -> str:
+    return next(reason.why for reason in result.reasons if reason.setting == "n_parallel")
+
+
+def test_room_to_spare_gives_four_slots_and_nothing_else_changes() -> None:
+    spec, profile = (
+        catalog_spec("llama-3.1-8b"),
+        machine(gpus=[{"model": "rtx-3090"}], memory_gb=32),
+    )
+    result = plan(spec, profile)
+    one = plan(spec, profile, n_parallel=1)
+    assert result.fits and result.config.n_parallel == DEFAULT_PARALLEL == 4
+    assert result.config == one.config.with_changes(n_parallel=4)  # context, KV, layers kept
+    assert result.config.n_ctx == 8192 and result.config.total_context == 4 * 8192
+    assert device(result, "CUDA0").kv_bytes == 4 * device(one, "CUDA0").kv_bytes
+    assert result.speed.decode_tps == pytest.approx(one.speed.decode_tps)  # one request's speed
+    assert "4 × 8192 tokens" in slots_reason(result)
+    assert describe_slots(result) == (
+        f"4 parallel requests × 8192 tokens: KV cache for 32768 tokens, "
+        f"{result.kv_bytes / GIB:.1f} GiB"
+    )
+    assert_within_capacity(result)
+
+
+def test_tight_memory_gives_one_slot_and_says_why() -> None:
+    spec, profile = catalog_spec("llama-3.1-8b"), machine(memory_gb=8)  # 6 GiB after the margin
+    result = plan(spec, profile)
+    assert result.fits and result.config.n_parallel == 1
+    assert result.config == plan(spec, profile, n_parallel=1).config
+    why = slots_reason(result)
+    assert why.startswith("One request at a time: a second slot's KV cache would need ")
+    assert "more on CPU" in why and "does not shorten the context" in why
+    two = result.config.with_changes(n_parallel=2)
+    assert not evaluate_config(spec, profile, two).fits  # it really does not, as it is
+
+
+def test_the_longest_context_is_never_shortened_for_slots() -> None:
+    spec, profile = (
+        catalog_spec("llama-3.1-8b"),
+        machine(gpus=[{"model": "rtx-3090"}], memory_gb=32),
+    )
+    result = plan(spec, profile, goal="longest-context")
+    assert (
+        result.config.n_ctx
+        == plan(spec, profile, goal="longest-context", n_parallel=1).config.n_ctx
+    )
+    assert result.config.n_parallel == 1 and "One request at a time" in slots_reason(result)
+
+
+def test_fewer_than_four_slots_when_only_they_fit() -> None:
+    result = plan(
+        catalog_spec("llama-3.1-70b"), machine(gpus=[{"model": "rtx-3090"}], memory_gb=64)
+    )
+    assert result.fits and 1 < result.config.n_parallel < DEFAULT_PARALLEL
+    assert f"{result.config.n_parallel} requests at once" in slots_reason(result)
+    assert_within_capacity(result)
+
+
+def test_slots_asked_for_are_honoured_where_they_fit() -> None:
+    spec, profile = catalog_spec("llama-3.1-8b"), machine(memory_gb=8)
+    result = plan(spec, profile, n_parallel=2, n_ctx=4096)
+    assert result.fits and result.config.n_parallel == 2 and result.config.n_ctx == 4096
+    assert slots_reason(result).startswith("As asked: 2 requests at once")
+    assert_within_capacity(result)
+    single = plan(spec, profile, n_parallel=1)
+    assert single.config.n_parallel == 1 and slots_reason(single).startswith("As asked: one")
+
+
+def test_slots_asked_for_that_do_not_fit_are_refused_with_the_number_that_would() -> None:
+    spec, profile = catalog_spec("llama-3.1-8b"), machine(memory_gb=8)
+    result = plan(spec, profile, n_parallel=64, n_ctx=8192)
+    assert not result.fits and result.config.n_parallel == 64
+    (advice,) = result.advice
+    assert advice.startswith("64 parallel requests of 8192 tokens each do not fit")
+    fewer = int(advice.split("--parallel ")[1].split(")")[0])
+    assert plan(spec, profile, n_parallel=fewer, n_ctx=8192).fits
+    assert not plan(spec, profile, n_parallel=fewer + 1, n_ctx=8192).fits
+
+
+def test_a_plans_slots_are_in_its_json() -> None:
+    result = plan(catalog_spec("gemma-3-4b"), machine(memory_gb=16))
+    slots = result.to_dict()["slots"]
+    assert (
+        slots["n_parallel"] == result.config.n_parallel == result.to_dict()["config"]["n_parallel"]
+    )
+    assert slots["total_context"] == result.config.n_ctx * result.config.n_parallel
+    assert slots["kv_bytes"] == sum(d.kv_bytes for d in result.devices) and slots["text"]

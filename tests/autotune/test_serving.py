@@ -265,11 +265,18 @@ def test_llama_server_recipe_realises_the_local_plan_on_two_gpus() -> None:
         "999" if local.config.n_gpu_layers == -1 else str(local.config.n_gpu_layers)
     )
     assert found["-ts"] == "1,1" and found["-sm"] == "layer"
-    assert found["-c"] == str(local.config.n_ctx)
+    assert found["-c"] == str(local.config.total_context)
     assert found["-fa"] == ("on" if local.config.flash_attn else "off")
     assert found["--cache-type-k"] == local.config.type_k
     assert found["--host"] == "127.0.0.1"
     assert {reason.setting for reason in recipe.reasons} >= {"model", "tensor_split", "split_mode"}
+
+
+def test_llama_server_gets_the_plans_slots_and_their_whole_context() -> None:
+    local = llama_server_recipe(catalog_spec("llama-3.1-8b"), example("2x-rtx-3090")).plan
+    assert local.config.n_parallel == 4  # an 8B model on 48 GB leaves room for 4
+    found = flags(llama_server_command(local))
+    assert found["-np"] == "4" and found["-c"] == str(4 * local.config.n_ctx)
 
 
 def test_llama_server_command_carries_the_plans_tensor_overrides() -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hearthside.autotune.fingerprint import TuningKey
@@ -146,3 +151,53 @@ def test_the_tuner_learns_against_the_prediction_before_what_it_learned(
         _learn(wisdom, key, run, learned)
         # 1.5x the planner's own figure, not 0.75x of the figure it had already corrected
         assert wisdom.efficiency("machine", "engine", tier, "decode").factor == pytest.approx(1.5)
+
+
+def test_a_candidate_that_crashes_the_engine_is_recorded_and_the_next_is_measured(
+    small_model: Path,
+    profile,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """The second candidate's worker gets a real SIGSEGV: it is `crashed`, the third is
+    measured, and a later tuning run skips the crashed one."""
+    from hearthside.autotune import tuner
+
+    base = EngineConfig(str(small_model), n_ctx=512)
+    doomed, third = base.with_changes(n_threads=1), base.with_changes(n_ubatch=256)
+    monkeypatch.setattr(tuner, "candidates", lambda _base, _profile: [base, doomed, third])
+    events: list[TuneEvent] = []
+
+    def listen(event: TuneEvent) -> None:
+        events.append(event)
+        if event.kind == "start" and event.config == doomed.to_dict():
+            threading.Thread(target=segfault_next_worker, args=(worker_pids(),)).start()
+
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        tune(small_model, profile, budget_s=600, wisdom=wisdom, listener=listen, speculation=False)
+        kinds = {config_key(e.config): e.kind for e in events if e.kind in ("measured", "failed")}
+        assert kinds[config_key(doomed.to_dict())] == "failed"
+        assert kinds[config_key(third.to_dict())] == "measured"
+        (crashed,) = [run for run in wisdom.export()["runs"] if run["outcome"] == "crashed"]
+        assert "SIGSEGV" in crashed["error"]
+        events.clear()
+        tune(small_model, profile, budget_s=600, wisdom=wisdom, listener=events.append)
+        assert [e.kind for e in events if e.config == doomed.to_dict()] == ["skipped"]
+
+
+def worker_pids() -> set[int]:
+    return {
+        child.pid
+        for child in psutil.Process().children()
+        if "hearthside.core.engine.worker" in " ".join(child.cmdline())
+    }
+
+
+def segfault_next_worker(before: set[int], timeout_s: float = 30.0) -> None:
+    """SIGSEGV to the first engine worker started after `before` was taken."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if new := worker_pids() - before:
+            os.kill(new.pop(), signal.SIGSEGV)
+            return
+        time.sleep(0.01)

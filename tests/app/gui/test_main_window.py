@@ -478,7 +478,8 @@ def test_speculative_decoding_shows_its_acceptance_under_the_reply_and_in_the_st
     assert loaded is not None
     lookup = SpeculativeConfig(mode="prompt_lookup", draft_tokens=8, ngram_size=2)
     try:
-        reload(qtbot, chat, loaded.config.with_changes(speculative=lookup))
+        # speculation works with one request at a time (core/engine/batch.py)
+        reload(qtbot, chat, loaded.config.with_changes(speculative=lookup, n_parallel=1))
         chat.new_chat()
         use_settings(chat, max_tokens=48)
         code = "def area(width, height):\n    return width * height\n"

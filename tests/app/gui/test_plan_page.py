@@ -20,6 +20,7 @@ from hearthside.app.gui.plan_content import PlanView
 from hearthside.app.gui.plan_page import PlanPage
 from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.memory import CPU
+from hearthside.autotune.planner import describe_slots
 from hearthside.autotune.speculative import SpeculationDecision, speculative_key
 from hearthside.autotune.tuner import save_speculation_defaults
 from hearthside.autotune.wisdom import RunRecord, WisdomDB
@@ -228,7 +229,8 @@ def test_measured_speed_appears_beside_the_prediction(
         wisdom.record_run(
             RunRecord(
                 key=tuning_key(profile, default_model_file),
-                config=view.plan.config.to_dict(),
+                # as the tuner records it: one slot, whatever slots the plan adds
+                config=view.plan.config.with_changes(n_parallel=1).to_dict(),
                 rigor="quick",
                 outcome="ok",
                 prefill_tps=712.0,
@@ -340,3 +342,24 @@ def test_load_with_this_plan_loads_the_plans_config_in_the_engine(
     finally:
         window.close()
         service.stop()
+
+
+def test_the_plan_shows_its_parallel_requests_and_asks_for_more(
+    qtbot: QtBot, page: PlanPage
+) -> None:
+    view = shown_plan(qtbot, page)
+    value, why = page.setting_labels["Parallel requests"]
+    assert value.text() == describe_slots(view.plan)  # the line `hearthside plan` prints
+    assert f"KV cache for {view.plan.config.total_context} tokens" in value.text()
+    assert why.text() == next(r.why for r in view.plan.reasons if r.setting == "n_parallel")
+    assert page.parallel_box.value() == 0 and page.parallel_box.text() == "Automatic"
+    page.parallel_box.setValue(2)
+    asked = replanned(qtbot, page)
+    assert asked.request.n_parallel == 2 and asked.plan.config.n_parallel == 2
+    value, why = page.setting_labels["Parallel requests"]
+    assert value.text().startswith("2 parallel requests × ") and why.text().startswith("As asked")
+    assert page.slots_box.value() == 2  # the overrides start from the plan
+    page.set_overrides_open(True)
+    page.slots_box.setValue(64)
+    assert page.override is not None and page.override.config is not None
+    assert page.override.config.n_parallel == 64

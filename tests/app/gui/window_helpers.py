@@ -37,13 +37,19 @@ def open_window(
     *,
     probe: bool = False,
     n_ctx: int = TEST_CONTEXT_TOKENS,
+    threads: int | None = None,
+    parallel: int | None = None,
     before_start: Callable[[MainWindow], None] | None = None,
 ) -> Iterator[MainWindow]:
-    """A shown, started MainWindow on its own EngineService, with `model` loaded."""
+    """A shown, started MainWindow on its own EngineService, with `model` loaded (on `threads`
+    threads: one keeps a test steady on cores other processes are busy on)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HEARTHSIDE_HOME", str(home))
         service = EngineService().start()
-        window = MainWindow(service, load_options=LoadOptions(n_ctx=n_ctx))
+        options = LoadOptions(
+            n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_parallel=parallel
+        )
+        window = MainWindow(service, load_options=options)
         try:
             window.show()
             if before_start is not None:

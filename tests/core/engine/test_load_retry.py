@@ -51,6 +51,19 @@ def test_each_retry_halves_the_context_and_quantizes_the_kv_cache() -> None:
     assert smaller_config(q4.with_changes(n_ctx=512)) is None  # nothing left to shrink
 
 
+def test_several_slots_go_down_to_one_before_the_context_shrinks() -> None:
+    config = EngineConfig("m.gguf", n_ctx=8192, n_parallel=4)
+    first = smaller_config(config)
+    assert first == config.with_changes(n_parallel=1)  # same context, same KV cache
+    assert first is not None
+    assert describe_retry(config, first) == (
+        "llama.cpp could not allocate memory for 4 parallel requests of 8192 tokens each; "
+        "retrying with one request at a time."
+    )
+    second = smaller_config(first)
+    assert second is not None and (second.n_ctx, second.n_parallel) == (4096, 1)
+
+
 def test_the_retry_says_what_failed_and_what_comes_next() -> None:
     config = EngineConfig("m.gguf", n_ctx=32768)
     retry = smaller_config(config)

@@ -1,0 +1,95 @@
+"""The engine in its worker process against the same engine in this process, side by side.
+
+Two `EngineService`s load the same file with the same settings: one the way the app runs it
+(the model in a worker process, text streamed back over a pipe), one with the `Engine` in
+this process as before the worker existed. Chat replies alternate between them (who goes
+first flips each run), timed as `benchmarks/engine_overhead.py` times them: prefill is prompt
+tokens / time to the one-token reply, decode is 1 / the median gap between streamed pieces.
+Both are reported as the median ratio of back-to-back pairs.
+
+    .venv/bin/python benchmarks/worker_overhead.py [--repetitions 9] [--json]
+
+Target: the worker >= 0.98x the in-process engine for decode (issue 18); prefill is shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from _timing import median_ratio, paired
+from engine_overhead import STORY, HearthsideChat, Side, prefill_messages
+
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.engine import Engine
+from hearthside.core.engine.service import EngineService
+from hearthside.core.models.default_model import cached_default_model_file
+
+TARGET_RATIO = 0.98
+
+
+def measure(config: EngineConfig, repetitions: int) -> tuple[Side, Side]:
+    worker, in_process = Side(), Side()
+    with EngineService() as piped, EngineService(engine_factory=Engine) as local:
+        piped.load(config).result()
+        local.load(config).result()
+        ours, theirs = HearthsideChat(piped), HearthsideChat(local)
+        for repetition in range(repetitions):
+            messages = prefill_messages(repetition)
+            flip = repetition % 2 == 1
+            paired(
+                lambda m=messages: worker.prefill_tok_s.append(ours.prefill(m)),
+                lambda m=messages: in_process.prefill_tok_s.append(theirs.prefill(m)),
+                flip=flip,
+            )
+            paired(
+                lambda: worker.decode_tok_s.append(ours.decode(STORY)),
+                lambda: in_process.decode_tok_s.append(theirs.decode(STORY)),
+                flip=flip,
+            )
+            print(
+                f"  run {repetition + 1}/{repetitions}: decode {worker.decode_tok_s[-1]:5.1f} vs "
+                f"{in_process.decode_tok_s[-1]:5.1f} tok/s, prefill "
+                f"{worker.prefill_tok_s[-1]:6.1f} vs {in_process.prefill_tok_s[-1]:6.1f}",
+                file=sys.stderr,
+            )
+    return worker, in_process
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repetitions", type=int, default=9)
+    parser.add_argument("--model", type=Path, help="GGUF to use (default: the default model)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    model = args.model or cached_default_model_file()
+    config = EngineConfig(model_path=str(model), n_ctx=2048)
+    print(f"worker_overhead: {model.name}, {args.repetitions} interleaved runs", file=sys.stderr)
+    worker, in_process = measure(config, args.repetitions)
+    summary = {
+        "decode_worker_tok_s": statistics.median(worker.decode_tok_s),
+        "decode_in_process_tok_s": statistics.median(in_process.decode_tok_s),
+        "decode_ratio": median_ratio(worker.decode_tok_s, in_process.decode_tok_s),
+        "prefill_worker_tok_s": statistics.median(worker.prefill_tok_s),
+        "prefill_in_process_tok_s": statistics.median(in_process.prefill_tok_s),
+        "prefill_ratio": median_ratio(worker.prefill_tok_s, in_process.prefill_tok_s),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    for label in ("decode", "prefill"):
+        print(
+            f"{label:8} worker {summary[f'{label}_worker_tok_s']:7.1f} tok/s   in-process "
+            f"{summary[f'{label}_in_process_tok_s']:7.1f} tok/s   ratio "
+            f"{summary[f'{label}_ratio']:.3f}"
+        )
+    verdict = "PASS" if summary["decode_ratio"] >= TARGET_RATIO else "MISS"
+    print(f"target: decode ratio >= {TARGET_RATIO}: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

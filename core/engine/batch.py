@@ -1,0 +1,616 @@
+"""Continuous batching: several conversations decoded together in one llama.cpp context.
+
+With `n_parallel` > 1 the context has that many sequence slots (llama.cpp's `n_seq_max`), each
+with its own `n_ctx` KV cells (`kv_unified` off, like llama-server's slots). `BatchScheduler`
+owns generation on it. Its thread runs steps; each step is ONE `llama_decode` over a batch
+that holds the next token of every generating sequence and a chunk of the prompt of newly
+admitted ones, followed by one sample per sequence from that sequence's own sampler chain.
+Prompt chunks are sized so that a step takes about `STEP_TARGET_S`: a long prompt never
+holds up the others for its whole length (decoding sequences get their token every step,
+shorter prompts go first), and a cancel (checked between steps) lands fast.
+
+Each slot remembers the tokens its cells hold. A request takes the free slot whose tokens
+share the longest prefix with its prompt (among the slots that prefix serves, see
+`_serves`), else the least recently used free slot, empty ones first; it drops the cells
+after the shared prefix and evaluates only the rest, so turn N of a conversation costs only
+its new tokens. Requests beyond the free slots wait, first come first served.
+
+Callers block in `BatchScheduler.run` and receive their text on their own thread, so a slow
+`on_text` (a GUI bridge, an HTTP stream) never stalls the other sequences.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import llama_cpp
+
+from hearthside.core.engine.config import SamplingParams
+from hearthside.core.engine.speculative import SpeculativeLlama, SpeculativeLlamaWithOverrides
+from hearthside.core.errors import EngineError
+
+if TYPE_CHECKING:
+    from hearthside.core.engine.engine import GenerationResult
+
+log = logging.getLogger(__name__)
+
+STEP_TARGET_S = 0.08  # a step this long keeps a cancel well inside 250 ms, even on a busy CPU
+FIRST_PROMPT_CHUNK = 16  # prompt tokens in a step before any prefill speed is measured
+MIN_PROMPT_CHUNK = 8
+PENALTY_LAST_N = 64  # llama-cpp-python's last_n_tokens_size, so both paths penalise alike
+_WAIT_POLL_S = 0.5
+_DONE = object()
+
+TextCallback = Callable[[str], None]
+
+
+class _SlotContextMixin(llama_cpp.Llama):
+    """A `Llama` whose context has `n_seq_max` sequences, each with its own KV cells.
+
+    `Llama.__init__` has no parameter for either: it builds `llama_context_default_params()`,
+    assigns them to `self.context_params`, sets the fields it knows and only then creates the
+    context from them. Intercepting that one assignment (as tensor_overrides.py does for the
+    model params) sets the two fields for this instance alone, before the context exists;
+    wrapping `internals.LlamaContext` instead would patch a module shared by every `Llama`.
+    """
+
+    def __init__(self, *args: Any, n_seq_max: int, **kwargs: Any) -> None:
+        self._n_seq_max = n_seq_max
+        super().__init__(*args, **kwargs)
+
+    @property
+    def context_params(self) -> Any:
+        return self._slot_context_params
+
+    @context_params.setter
+    def context_params(self, params: Any) -> None:
+        params.n_seq_max = self._n_seq_max
+        params.kv_unified = False
+        self._slot_context_params = params
+
+
+class ParallelLlama(_SlotContextMixin, SpeculativeLlama):
+    """`SpeculativeLlama` with `n_seq_max` sequence slots."""
+
+
+class ParallelLlamaWithOverrides(_SlotContextMixin, SpeculativeLlamaWithOverrides):
+    """`ParallelLlama` whose model loads with tensor buffer-type overrides."""
+
+
+class SamplerChain:
+    """One sequence's llama.cpp sampler chain, built from its `SamplingParams`.
+
+    The same samplers, in the same order, as llama-cpp-python's `Llama.generate` uses on the
+    single-sequence path: penalties, the grammar, then greedy (temperature 0) or top-k, top-p,
+    min-p, temperature and a seeded draw. Owns `grammar` (a parsed grammar sampler) from here on.
+    """
+
+    def __init__(
+        self, sampling: SamplingParams, n_vocab: int, grammar: llama_cpp.llama_sampler_p | None
+    ) -> None:
+        params = llama_cpp.llama_sampler_chain_default_params()
+        params.no_perf = True
+        self._chain: llama_cpp.llama_sampler_p | None = llama_cpp.llama_sampler_chain_init(params)
+        try:
+            self._add(
+                llama_cpp.llama_sampler_init_penalties(
+                    n_vocab,
+                    PENALTY_LAST_N,
+                    sampling.repeat_penalty,
+                    sampling.frequency_penalty,
+                    sampling.presence_penalty,
+                )
+            )
+        except BaseException:
+            if grammar is not None:
+                llama_cpp.llama_sampler_free(grammar)
+            self.close()
+            raise
+        try:
+            if grammar is not None:
+                self._add(grammar)
+            self._add_choice(sampling)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add_choice(self, sampling: SamplingParams) -> None:
+        if sampling.temperature == 0:
+            self._add(llama_cpp.llama_sampler_init_greedy())
+            return
+        # Unseeded: llama.cpp draws a fresh random seed for this chain alone.
+        seed = sampling.seed if sampling.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED
+        self._add(llama_cpp.llama_sampler_init_top_k(sampling.top_k))
+        self._add(llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1))
+        self._add(llama_cpp.llama_sampler_init_min_p(sampling.min_p, 1))
+        self._add(llama_cpp.llama_sampler_init_temp(sampling.temperature))
+        self._add(llama_cpp.llama_sampler_init_dist(seed))
+
+    def _add(self, sampler: llama_cpp.llama_sampler_p | None) -> None:
+        if not sampler or self._chain is None:
+            raise EngineError("llama.cpp could not set up sampling for this request.")
+        llama_cpp.llama_sampler_chain_add(self._chain, sampler)  # the chain owns it now
+
+    def sample(self, ctx: llama_cpp.llama_context_p, output_index: int) -> int:
+        """Sample (and accept) a token from the logits at `output_index` of the last decode."""
+        assert self._chain is not None
+        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, output_index))
+
+    def close(self) -> None:
+        chain, self._chain = self._chain, None
+        if chain:
+            llama_cpp.llama_sampler_free(chain)
+
+
+class SequenceRun(Protocol):
+    """The bookkeeping of one generation (engine.py's `_GenerationRun`), driven token by token."""
+
+    def feed(self, token: int) -> bool:
+        """Take the next sampled token; False once the generation is over."""
+
+    def stop(self, reason: str) -> None:
+        """End the generation from outside (a cancel between steps)."""
+
+    def outcome(self) -> GenerationResult:
+        """The finished reply with its metrics (flushes held-back text first)."""
+
+
+RunFactory = Callable[[int, TextCallback], SequenceRun]  # (prompt tokens reused, emit)
+
+
+class BatchRequest:
+    """One generation, waiting for a slot or running in one.
+
+    `start(reused, emit)` makes its run once it has a slot: `reused` prompt tokens came from
+    the slot's cache, and `emit` sends text to the caller's thread.
+    """
+
+    def __init__(
+        self,
+        prompt: Sequence[int],
+        sampler: SamplerChain,
+        cancel: threading.Event,
+        start: RunFactory,
+    ) -> None:
+        self.prompt = list(prompt)
+        self.sampler = sampler
+        self.cancel = cancel
+        self.start = start
+        self.abandoned = False  # the caller left (its on_text raised)
+        self.result: GenerationResult | None = None
+        self.error: BaseException | None = None
+        self._pieces: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    def stopping(self) -> bool:
+        return self.cancel.is_set() or self.abandoned
+
+    def emit(self, piece: str) -> None:
+        self._pieces.put(piece)
+
+    def complete(self, result: GenerationResult) -> None:
+        self.result = result
+        self._close()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._close()
+
+    def next_piece(self, timeout_s: float) -> object:
+        return self._pieces.get(timeout=timeout_s)
+
+    def _close(self) -> None:
+        self.sampler.close()
+        self._pieces.put(_DONE)
+
+
+@dataclass(eq=False)
+class _Slot:
+    seq_id: int
+    cached: list[int] = field(default_factory=list)  # the tokens its KV cells hold, in order
+    last_used: int = 0
+    busy: bool = False
+    forget: bool = False  # clear_cache() ran while it was busy: drop its cells when freed
+
+
+@dataclass(eq=False)
+class _Sequence:
+    request: BatchRequest
+    slot: _Slot
+    run: SequenceRun
+    pending: list[int]  # tokens still to evaluate: the prompt's rest, then the last sample
+    decoding: bool = False  # the prompt is in the cache; one token per step from now on
+    last_step: int = 0
+
+
+@dataclass(eq=False)
+class _Planned:
+    sequence: _Sequence
+    count: int  # tokens of `pending` in this step
+    output: int = -1  # batch index whose logits are sampled (-1: a prompt chunk, no sample)
+    prompt: bool = False
+
+
+class BatchScheduler:
+    """Runs every generation on one llama.cpp context with `n_slots` sequences."""
+
+    def __init__(
+        self,
+        ctx: llama_cpp.llama_context_p,
+        *,
+        n_slots: int,
+        n_batch: int,
+        step_target_s: float = STEP_TARGET_S,
+    ) -> None:
+        self._ctx = ctx
+        self._memory = llama_cpp.llama_get_memory(ctx)
+        self._n_batch = n_batch
+        self._step_target_s = step_target_s
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._batch_freed = False
+        self._slots = [_Slot(seq_id) for seq_id in range(n_slots)]
+        self._waiting: deque[BatchRequest] = deque()
+        self._running: list[_Sequence] = []
+        self._clears: list[threading.Event] = []
+        self._wake = threading.Condition()
+        self._closing = False
+        self._uses = itertools.count(1)
+        self._steps = itertools.count(1)
+        self._prompt_tok_s: float | None = None
+        self._thread = threading.Thread(target=self._loop, name="hearthside-batch", daemon=True)
+
+    # ---- the callers' side -----------------------------------------------------------------
+
+    def start(self) -> BatchScheduler:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Fail whatever is still queued or running, end the thread, free the batch."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+        else:
+            self._shutdown()
+        if not self._batch_freed:
+            self._batch_freed = True
+            llama_cpp.llama_batch_free(self._batch)
+
+    @property
+    def running(self) -> int:
+        """Sequences in a slot now (approximate while requests come and go)."""
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a free slot (approximate)."""
+        return len(self._waiting)
+
+    def submit(self, request: BatchRequest) -> None:
+        """Queue `request` for a slot (refused once the scheduler is closing)."""
+        with self._wake:
+            if self._closing or not self._thread.is_alive():
+                request.sampler.close()
+                raise EngineError("The model is not loaded any more.", hint="Load it again.")
+            self._waiting.append(request)
+            self._wake.notify_all()
+
+    def wait(self, request: BatchRequest, on_text: TextCallback | None) -> GenerationResult:
+        """Block until the submitted `request` is done, calling `on_text` on this thread."""
+        try:
+            self._relay(request, on_text)
+        except BaseException:
+            request.abandoned = True  # the loop frees its slot at the next step
+            with self._wake:
+                self._wake.notify_all()
+            raise
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
+
+    def _relay(self, request: BatchRequest, on_text: TextCallback | None) -> None:
+        while True:
+            try:
+                item = request.next_piece(_WAIT_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise EngineError("The engine stopped while writing this reply.") from None
+                continue
+            if item is _DONE:
+                return
+            if on_text is not None:
+                on_text(str(item))
+
+    def clear_cache(self) -> None:
+        """Forget every slot's cache (a busy slot's when its sequence ends)."""
+        done = threading.Event()
+        with self._wake:
+            if self._closing or not self._thread.is_alive():
+                return
+            self._clears.append(done)
+            self._wake.notify_all()
+        done.wait()
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while self._prepare_step():
+                try:
+                    self._step()
+                except Exception as exc:  # one bad step must not end the others' service
+                    log.exception("batch step failed")
+                    for sequence in list(self._running):
+                        self._end(sequence, _generation_error(exc))
+        finally:
+            self._shutdown()
+
+    def _prepare_step(self) -> bool:
+        """Wait for work; apply cache clears and admit queued requests. False: closing."""
+        with self._wake:
+            while not (self._closing or self._waiting or self._running or self._clears):
+                self._wake.wait()
+            if self._closing:
+                return False
+            self._apply_clears()
+            self._admit()
+            return True
+
+    def _step(self) -> None:
+        for sequence in list(self._running):
+            if sequence.request.stopping():
+                sequence.run.stop("cancelled")
+                self._end(sequence)
+        plan = self._plan_batch()
+        if not plan:
+            return
+        started = time.perf_counter()
+        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        if status != 0:
+            self._fail_step(plan, status)
+            return
+        self._note_prompt_speed(plan, time.perf_counter() - started)
+        for planned in plan:
+            self._advance(planned)
+
+    def _plan_batch(self) -> list[_Planned]:
+        """Fill the batch: one token for each decoding sequence, then prompt chunks, the
+        shortest remaining prompt first (a short question is not kept waiting for its first
+        token behind a long document, and starts decoding beside it)."""
+        step = next(self._steps)
+        room = self._n_batch
+        decoding = sorted(
+            (s for s in self._running if s.decoding), key=lambda s: s.last_step
+        )  # least recently stepped first, should n_batch be below the number of sequences
+        plan = [_Planned(sequence, 1) for sequence in decoding[:room]]
+        room -= len(plan)
+        prompt_room = self._prompt_budget()
+        prefilling = sorted(
+            (s for s in self._running if not s.decoding), key=lambda s: len(s.pending)
+        )
+        for sequence in prefilling:
+            take = min(len(sequence.pending), room, prompt_room)
+            if take <= 0:
+                break
+            plan.append(_Planned(sequence, take, prompt=True))
+            room -= take
+            prompt_room -= take
+        # llama.cpp splits a batch over separate KV streams into ubatches of consecutive
+        # sequence ids (split_equal), so the batch goes in slot order.
+        plan.sort(key=lambda planned: planned.sequence.slot.seq_id)
+        self._write_batch(plan)
+        for planned in plan:
+            planned.sequence.last_step = step
+        return plan
+
+    def _write_batch(self, plan: list[_Planned]) -> None:
+        batch = self._batch
+        index = 0
+        for planned in plan:
+            sequence = planned.sequence
+            start = len(sequence.slot.cached)
+            for offset, token in enumerate(sequence.pending[: planned.count]):
+                batch.token[index] = token
+                batch.pos[index] = start + offset
+                batch.n_seq_id[index] = 1
+                batch.seq_id[index][0] = sequence.slot.seq_id
+                batch.logits[index] = False
+                index += 1
+            if planned.count == len(sequence.pending):
+                batch.logits[index - 1] = True
+                planned.output = index - 1
+        batch.n_tokens = index
+
+    def _prompt_budget(self) -> int:
+        if self._prompt_tok_s is None:
+            return FIRST_PROMPT_CHUNK
+        return max(MIN_PROMPT_CHUNK, int(self._prompt_tok_s * self._step_target_s))
+
+    def _note_prompt_speed(self, plan: list[_Planned], elapsed_s: float) -> None:
+        # Prompt tokens per second of whole steps (decode tokens included): the budget that
+        # follows makes a step last about the target, whatever else it carries.
+        prompt_tokens = sum(planned.count for planned in plan if planned.prompt)
+        if prompt_tokens == 0 or elapsed_s <= 0:
+            return
+        rate = prompt_tokens / elapsed_s
+        previous = self._prompt_tok_s
+        self._prompt_tok_s = rate if previous is None else (previous + rate) / 2
+
+    def _advance(self, planned: _Planned) -> None:
+        sequence = planned.sequence
+        sequence.slot.cached.extend(sequence.pending[: planned.count])
+        del sequence.pending[: planned.count]
+        if planned.output < 0:
+            return
+        try:
+            token = sequence.request.sampler.sample(self._ctx, planned.output)
+            going_on = sequence.run.feed(token)
+        except Exception as exc:
+            log.exception("sampling a sequence failed")
+            self._end(sequence, _generation_error(exc))
+            return
+        if going_on:
+            sequence.pending = [token]
+            sequence.decoding = True
+        else:
+            self._end(sequence)
+
+    def _fail_step(self, plan: list[_Planned], status: int) -> None:
+        """llama_decode refused the batch: the sequences in it fail, their slots start empty."""
+        error = EngineError(
+            f"llama.cpp failed while generating the reply (llama_decode returned {status}).",
+            hint="Try again; if it keeps failing, reload the model with a smaller context.",
+        )
+        for planned in plan:
+            planned.sequence.slot.forget = True
+            self._end(planned.sequence, error)
+
+    def _end(self, sequence: _Sequence, error: BaseException | None = None) -> None:
+        """Free the sequence's slot at once and hand its result (or error) to its caller."""
+        if sequence in self._running:
+            self._running.remove(sequence)
+        slot = sequence.slot
+        slot.busy = False
+        slot.last_used = next(self._uses)
+        if slot.forget or error is not None:
+            self._clear_slot(slot)
+        if error is not None:
+            sequence.request.fail(error)
+            return
+        try:
+            sequence.request.complete(sequence.run.outcome())
+        except Exception as exc:
+            sequence.request.fail(_generation_error(exc))
+
+    # ---- slots ----------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        """Start queued requests in free slots, oldest first (call with the lock held)."""
+        for request in [r for r in self._waiting if r.stopping()]:
+            self._waiting.remove(request)
+            self._cancel_unadmitted(request)
+        while self._waiting:
+            slot, shared = self._free_slot_for(self._waiting[0].prompt)
+            if slot is None:
+                return
+            self._start(self._waiting.popleft(), slot, shared)
+
+    def _free_slot_for(self, prompt: list[int]) -> tuple[_Slot | None, int]:
+        """The free slot for `prompt` and how many of its cached tokens the prompt shares."""
+        free = [slot for slot in self._slots if not slot.busy]
+        if not free:
+            return None, 0
+        shared = {slot.seq_id: _shared_prefix(slot.cached, prompt) for slot in free}
+        serving = [s for s in free if _serves(len(s.cached), shared[s.seq_id], len(prompt))]
+        if serving:
+            best = max(serving, key=lambda slot: (shared[slot.seq_id], -slot.last_used))
+        else:
+            best = min(free, key=lambda slot: (bool(slot.cached), slot.last_used))
+        return best, shared[best.seq_id]
+
+    def _start(self, request: BatchRequest, slot: _Slot, shared: int) -> None:
+        if shared < len(slot.cached) and not llama_cpp.llama_memory_seq_rm(
+            self._memory, slot.seq_id, shared, -1
+        ):
+            self._clear_slot(slot)  # this cache cannot be cut back: evaluate everything
+            shared = 0
+        del slot.cached[shared:]
+        slot.busy = True
+        slot.last_used = next(self._uses)
+        try:
+            run = request.start(shared, request.emit)
+        except Exception as exc:
+            slot.busy = False
+            request.fail(_generation_error(exc))
+            return
+        self._running.append(_Sequence(request, slot, run, pending=request.prompt[shared:]))
+
+    def _cancel_unadmitted(self, request: BatchRequest) -> None:
+        try:
+            run = request.start(len(request.prompt), request.emit)  # nothing was evaluated
+            run.stop("cancelled")
+            request.complete(run.outcome())
+        except Exception as exc:
+            request.fail(_generation_error(exc))
+
+    def _clear_slot(self, slot: _Slot) -> None:
+        llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, -1, -1)
+        slot.cached.clear()
+        slot.forget = False
+
+    def _apply_clears(self) -> None:
+        if not self._clears:
+            return
+        for slot in self._slots:
+            if slot.busy:
+                slot.forget = True
+            else:
+                self._clear_slot(slot)
+        for done in self._clears:
+            done.set()
+        self._clears.clear()
+
+    def _shutdown(self) -> None:
+        with self._wake:
+            self._closing = True
+            waiting, self._waiting = list(self._waiting), deque()
+            clears, self._clears = self._clears, []
+        unloaded = EngineError(
+            "The model was unloaded before this reply was finished.", hint="Load it again."
+        )
+        for sequence in list(self._running):
+            self._end(sequence, unloaded)
+        for request in waiting:
+            request.fail(unloaded)
+        for done in clears:
+            done.set()
+
+
+def _shared_prefix(cached: list[int], prompt: list[int]) -> int:
+    """Tokens at the start of `prompt` that `cached` holds, leaving at least the last prompt
+    token to evaluate (its logits are what the first sample reads)."""
+    limit = min(len(cached), len(prompt) - 1)
+    shared = 0
+    while shared < limit and cached[shared] == prompt[shared]:
+        shared += 1
+    return shared
+
+
+def _serves(n_cached: int, shared: int, n_prompt: int) -> bool:
+    """Whether a slot holding `n_cached` tokens, `shared` of them this prompt's start, is
+    the place for it: the prompt continues what it holds (turn N keeps all of it; at least
+    half, say), or it holds the whole prompt (a reply asked for again). Every chat shares
+    its template's system prompt, and that alone must not send a new chat into a slot that
+    holds another conversation, evicting it, while an empty slot waits."""
+    return shared > 0 and (2 * shared >= n_cached or shared >= n_prompt - 1)
+
+
+def _generation_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, EngineError):
+        return exc
+    error = EngineError(
+        "llama.cpp failed while generating the reply.",
+        hint="Try again; if it keeps failing, reload the model with a smaller context.",
+    )
+    error.__cause__ = exc
+    return error
+
+
+__all__ = [
+    "BatchRequest",
+    "BatchScheduler",
+    "ParallelLlama",
+    "ParallelLlamaWithOverrides",
+    "SamplerChain",
+    "SequenceRun",
+]

@@ -1,0 +1,415 @@
+"""`WorkerEngine`: an `Engine` that lives in a worker process of its own.
+
+It offers what callers use of an Engine — chat and generate with streamed text and a cancel
+event, tokenizing, the bench timings, speculative settings, the loaded config and load
+report — and sends each call to the worker (core/engine/worker.py). When the worker dies,
+every call in flight, and every later one, raises `EngineCrashedError` naming the signal and
+carrying llama.cpp's last log lines; the app itself carries on.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar, cast
+
+from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
+from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, TextCallback
+from hearthside.core.engine.load_report import LoadReport
+from hearthside.core.engine.metrics import SpeculationStats
+from hearthside.core.engine.worker_protocol import FramedPipe, Snapshot
+from hearthside.core.errors import (
+    EngineCrashedAtLoadError,
+    EngineCrashedError,
+    EngineError,
+    EngineLoadError,
+)
+from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
+
+log = logging.getLogger(__name__)
+native_log = logging.getLogger("hearthside.llama_cpp")
+T = TypeVar("T")
+CANCEL_POLL_S = 0.02  # how often a waiting call looks at its cancel event
+CLOSE_TIMEOUT_S = 10.0
+NATIVE_LINES_KEPT = 40
+NATIVE_LINES_SHOWN = 8
+CRASH_WORDS = ("assert", "error", "failed", "aborted", "fatal")
+SIGNAL_WORDS = {
+    "SIGSEGV": "a segmentation fault",
+    "SIGILL": "an instruction this CPU does not have",
+    "SIGABRT": "llama.cpp aborted, e.g. a failed GGML_ASSERT",
+    "SIGBUS": "a bad memory access, e.g. a model file that changed on disk",
+    "SIGFPE": "an arithmetic fault",
+    "SIGKILL": "killed, most often by the system for want of memory",
+}
+
+
+def describe_exit(returncode: int | None) -> str:
+    """E.g. "SIGSEGV, a segmentation fault" or "exit status 3"."""
+    if returncode is None:
+        return "it stopped answering"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+        words = SIGNAL_WORDS.get(name)
+        return f"{name}, {words}" if words else name
+    return f"exit status {returncode}"
+
+
+class _Call:
+    """One request waiting for its answer; text pieces arrive first when it streams."""
+
+    def __init__(self, on_text: TextCallback | None) -> None:
+        self.on_text = on_text
+        self.answers: queue.Queue[tuple[Any, ...]] = queue.Queue()
+
+
+class WorkerEngine:
+    """A model loaded with `config` in a worker process; raises what an Engine would."""
+
+    def __init__(self, config: EngineConfig, *, verbose: bool = False) -> None:
+        self._ids = itertools.count(1)
+        self._calls: dict[int, _Call] = {}
+        self._calls_lock = threading.Lock()
+        self._native_lines: collections.deque[str] = collections.deque(maxlen=NATIVE_LINES_KEPT)
+        self._crash: EngineCrashedError | None = None
+        self._closing = False
+        self._live: SpeculationStats | None = None
+        self.model_path = Path(config.model_path)
+        self.model_info: GGUFInfo = validate_gguf(self.model_path)  # a bad file spawns nothing
+        self._process = _start_worker()
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._pipe = FramedPipe(
+            cast(BinaryIO, self._process.stdout), cast(BinaryIO, self._process.stdin)
+        )
+        self._threads = [
+            _daemon(self._read_answers, "worker-answers"),
+            _daemon(self._read_native_log, "worker-log"),
+        ]
+        try:
+            snapshot: Snapshot = self._request(("load", config.to_dict(), verbose))
+        except EngineCrashedError as crash:
+            self.close()
+            raise _load_crash(config, crash) from None
+        except BaseException:
+            self.close()
+            raise
+        self._adopt(snapshot)
+
+    def _adopt(self, snapshot: Snapshot) -> None:
+        self.config: EngineConfig = snapshot.config
+        self.n_ctx: int = snapshot.n_ctx
+        self.n_vocab: int = snapshot.n_vocab
+        self.load_report: LoadReport = snapshot.load_report
+
+    # ---- what callers use of an Engine -------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def crash(self) -> EngineCrashedError | None:
+        """Why the worker died, once it has."""
+        return self._crash
+
+    @property
+    def alive(self) -> bool:
+        return self._crash is None and self._process.poll() is None
+
+    @property
+    def parallel(self) -> int:
+        """Requests the worker serves at the same time."""
+        return self.config.n_parallel
+
+    @property
+    def draft(self) -> SpeculativeConfig | None:
+        """The speculative settings in use, None when speculation is off."""
+        return self.config.speculative if self.config.speculative.enabled else None
+
+    @property
+    def llama(self) -> Any:
+        raise EngineError(
+            "The model lives in the engine worker process.",
+            hint="Measure it with WorkerEngine.run(function), which runs there.",
+        )
+
+    def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        sampling: SamplingParams,
+        *,
+        on_text: TextCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> GenerationResult:
+        return self._streamed("chat", (list(messages), sampling), on_text, cancel)
+
+    def generate(
+        self,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        on_text: TextCallback | None = None,
+        cancel: threading.Event | None = None,
+        started: float | None = None,
+        reply: bool = False,
+    ) -> GenerationResult:
+        del started  # the worker's clock starts when it gets the request
+        return self._streamed(
+            "generate", (list(prompt_tokens), sampling), on_text, cancel, reply=reply
+        )
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
+        return self._method("tokenize", text, add_bos=add_bos)
+
+    def tokenize_prompt(self, prompt: str) -> list[int]:
+        return self._method("tokenize_prompt", prompt)
+
+    def render_chat(self, messages: Sequence[ChatMessage]) -> str:
+        return self._method("render_chat", list(messages))
+
+    def token_text(self, token: int) -> bytes:
+        return self._method("token_text", token)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return self._method("is_end_of_generation", token)
+
+    def clear_cache(self) -> None:
+        self._method("clear_cache")
+
+    def time_prefill(self, tokens: Sequence[int]) -> float:
+        return self._method("time_prefill", list(tokens))
+
+    def time_decode(self, tokens: Sequence[int]) -> float:
+        return self._method("time_decode", list(tokens))
+
+    def set_speculative(self, speculative: SpeculativeConfig) -> None:
+        self._adopt(self._method("set_speculative", speculative))
+
+    @contextlib.contextmanager
+    def speculation_paused(self) -> Iterator[None]:
+        self._method("pause_speculation")
+        try:
+            yield
+        finally:
+            self._method("resume_speculation")
+
+    def live_speculation(self) -> SpeculationStats | None:
+        """Drafted/accepted so far in the reply being streamed, as the worker last said."""
+        return self._live
+
+    def run(self, function: Callable[..., T], *args: Any) -> T:
+        """`function(engine, *args)` in the worker, holding its engine alone; `function` must
+        be a module-level function (it travels by name) and its result must pickle."""
+        return self._request(("run", function, args))
+
+    def close(self) -> None:
+        """Unload: the worker exits, and its memory goes back to the system."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._process.poll() is None:
+            with contextlib.suppress(OSError):
+                self._pipe.send(("close", 0))
+            try:
+                self._process.wait(CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("engine worker %s did not exit; killing it", self.pid)
+                self._process.kill()
+                self._process.wait()
+        self._pipe.close()
+        self._fail_all(self._crash or EngineError("The model was unloaded."))
+
+    def __del__(self) -> None:
+        process = getattr(self, "_process", None)
+        if process is not None and process.poll() is None:
+            process.kill()
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def _method(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._request(("call", name, args, kwargs))
+
+    def _streamed(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        on_text: TextCallback | None,
+        cancel: threading.Event | None,
+        **kwargs: Any,
+    ) -> GenerationResult:
+        self._live = None
+        return self._request(("stream", method, args, kwargs), on_text=on_text, cancel=cancel)
+
+    def _request(
+        self,
+        message: tuple[Any, ...],
+        *,
+        on_text: TextCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Any:
+        if self._crash is not None:
+            raise self._crash
+        if self._closing:
+            raise EngineError("The model was unloaded.", hint="Load a model first.")
+        request_id = next(self._ids)
+        call = _Call(on_text)
+        with self._calls_lock:
+            self._calls[request_id] = call
+        try:
+            self._send((message[0], request_id, *message[1:]))
+            return self._wait(request_id, call, cancel)
+        finally:
+            with self._calls_lock:
+                self._calls.pop(request_id, None)
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        try:
+            self._pipe.send(message)
+        except (BrokenPipeError, OSError, ValueError):
+            self._reader_done()  # the worker is gone; its exit explains why
+            raise self._crash or EngineError("The engine worker is not running.") from None
+
+    def _wait(self, request_id: int, call: _Call, cancel: threading.Event | None) -> Any:
+        cancel_sent = False
+        while True:
+            try:
+                answer = call.answers.get(timeout=CANCEL_POLL_S if cancel is not None else None)
+            except queue.Empty:
+                if cancel is not None and cancel.is_set() and not cancel_sent:
+                    cancel_sent = True
+                    with contextlib.suppress(BaseException):
+                        self._pipe.send(("cancel", request_id))
+                continue
+            kind = answer[0]
+            if kind == "text":
+                self._live = answer[2]
+                if call.on_text is not None:
+                    call.on_text(answer[1])
+            elif kind == "result":
+                return answer[1]
+            else:
+                raise answer[1]
+
+    # ---- the reading threads ---------------------------------------------------------
+
+    def _read_answers(self) -> None:
+        try:
+            while (message := self._pipe.receive()) is not None:
+                kind, request_id = message[0], message[1]
+                with self._calls_lock:
+                    call = self._calls.get(request_id)
+                if call is not None:
+                    call.answers.put((kind, *message[2:]))
+        except (OSError, ValueError, EOFError) as exc:
+            log.debug("engine worker pipe: %s", exc)
+        except Exception:
+            log.exception("reading the engine worker's answers")
+        self._reader_done()
+
+    def _read_native_log(self) -> None:
+        assert self._process.stderr is not None
+        for raw in self._process.stderr:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                self._native_lines.append(line)
+                native_log.debug("%s", line)
+
+    def _reader_done(self) -> None:
+        """The worker's pipe closed: on purpose (close) or because it died."""
+        if self._closing:
+            return
+        try:
+            returncode = self._process.wait(CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        self._threads[1].join(1.0)  # its last words
+        if self._crash is None:
+            self._crash = self._crash_error(returncode)
+            log.error(
+                "engine worker %s died: %s; llama.cpp's last lines:\n%s",
+                self.pid,
+                self._crash.cause,
+                "\n".join(self._crash.native_lines[-NATIVE_LINES_SHOWN:]) or "(none)",
+            )
+        self._fail_all(self._crash)
+
+    def _crash_error(self, returncode: int | None) -> EngineCrashedError:
+        cause = describe_exit(returncode)
+        lines = tuple(self._native_lines)
+        last = _last_native_words(lines)
+        return EngineCrashedError(
+            f"The engine crashed ({cause})"
+            + (f"; llama.cpp's last words: {last}" if last else "."),
+            hint="Hearthside restarts it; the conversation is kept. If it keeps crashing, "
+            "choose safer settings (no flash attention, f16 KV cache) or another build "
+            "(`hearthside engine rebuild`).",
+            cause=cause,
+            native_lines=lines,
+        )
+
+    def _fail_all(self, error: EngineError) -> None:
+        with self._calls_lock:
+            calls = list(self._calls.values())
+        for call in calls:
+            call.answers.put(("error", error))
+
+
+def _start_worker() -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hearthside.core.engine.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        close_fds=True,
+    )
+
+
+def _daemon(target: Callable[[], None], name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _last_native_words(lines: Sequence[str]) -> str:
+    """The line that most likely explains a crash: an assert or error, else the last line."""
+    for line in reversed(lines[-NATIVE_LINES_SHOWN:]):
+        lowered = line.lower()
+        if any(word in lowered for word in CRASH_WORDS):
+            return line.strip()
+    return lines[-1].strip() if lines else ""
+
+
+def _load_crash(config: EngineConfig, crash: EngineCrashedError) -> EngineLoadError:
+    name = Path(config.model_path).name
+    if crash.cause.startswith("SIGKILL"):
+        message = (
+            f"The engine was killed while loading {name} with a context of "
+            f"{config.total_context} tokens: most likely there was not enough memory."
+        )
+    else:
+        message = f"The engine crashed while loading {name} ({crash.cause})."
+    return EngineCrashedAtLoadError(
+        message,
+        hint="Try a smaller context or fewer GPU layers; if it keeps crashing, run "
+        "`hearthside engine selftest`.",
+        cause=crash.cause,
+        native_lines=crash.native_lines,
+    )
+
+
+LocalEngine = Engine | WorkerEngine  # a model on this computer, in this process or a worker

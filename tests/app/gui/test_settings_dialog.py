@@ -1,0 +1,118 @@
+"""The window's Settings: parallel requests chosen in the dialog, kept in window.ini across
+runs, and applied to the next model the window prepares (the real planner, the real default
+model, this machine's probe; nothing is loaded into the engine)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings
+from pytestqt.qtbot import QtBot
+
+from hearthside.app.gui.main_window import MainWindow
+from hearthside.app.gui.model_loader import LoadOptions, prepare_model
+from hearthside.app.gui.settings_dialog import (
+    APPLIES_NOTE,
+    AUTO_TEXT,
+    SettingsDialog,
+    read_parallel,
+    write_parallel,
+)
+from hearthside.app.gui.window_state import PARALLEL_KEY, gui_settings
+from hearthside.autotune.planner import DEFAULT_PARALLEL
+from hearthside.core.models.store import ModelStore
+from hearthside.core.paths import data_dir, models_dir
+from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.probe.runner import probe_in_subprocess
+
+pytestmark = pytest.mark.gui
+WindowFactory = Callable[..., MainWindow]
+
+
+@pytest.fixture
+def settings(hearthside_home: Path) -> QSettings:
+    hearthside_home.mkdir(parents=True, exist_ok=True)
+    return gui_settings(hearthside_home)
+
+
+@pytest.fixture
+def make_window(qtbot: QtBot, settings: QSettings) -> Iterator[WindowFactory]:
+    windows: list[MainWindow] = []
+
+    def make(options: LoadOptions | None = None) -> MainWindow:
+        window = MainWindow(None, settings=settings, load_options=options)
+        qtbot.addWidget(window)
+        windows.append(window)
+        return window
+
+    yield make
+    for window in windows:
+        window.shutdown()
+
+
+def test_the_stored_value_round_trips_and_a_bad_one_means_auto(settings: QSettings) -> None:
+    assert read_parallel(settings) is None  # nothing stored: Auto
+    write_parallel(settings, 3)
+    assert read_parallel(settings) == 3
+    write_parallel(settings, None)
+    assert settings.value(PARALLEL_KEY) in (0, "0") and read_parallel(settings) is None
+    for hand_edited in ("many", "99", "-2"):
+        settings.setValue(PARALLEL_KEY, hand_edited)
+        assert read_parallel(settings) is None
+
+
+def test_the_dialog_offers_auto_and_one_to_eight(qtbot: QtBot) -> None:
+    dialog = SettingsDialog(None)
+    qtbot.addWidget(dialog)
+    box = dialog.parallel_box
+    assert [box.itemText(i) for i in range(box.count())][:2] == [AUTO_TEXT, "1 (one at a time)"]
+    assert box.count() == 9 and box.itemData(8) == 8
+    assert dialog.parallel() is None
+    assert APPLIES_NOTE in box.toolTip() and dialog.note.text() == APPLIES_NOTE
+    box.setCurrentIndex(box.findData(3))
+    assert dialog.parallel() == 3
+    assert SettingsDialog(5).parallel() == 5
+
+
+def test_the_choice_is_kept_and_applies_to_the_next_load(
+    make_window: WindowFactory, settings: QSettings
+) -> None:
+    window = make_window()
+    assert window.load_options.n_parallel is None  # Auto
+    window.edit_settings()
+    dialog = window.settings_dialog
+    assert isinstance(dialog, SettingsDialog) and dialog.parallel() is None
+    dialog.parallel_box.setCurrentIndex(dialog.parallel_box.findData(2))
+    dialog.accept()
+    assert window.load_options.n_parallel == 2
+    assert read_parallel(settings) == 2
+    assert window.message_bar.text == f"Parallel requests: 2. {APPLIES_NOTE}"
+    again = make_window()
+    assert again.load_options.n_parallel == 2  # a restart keeps it
+    flagged = make_window(LoadOptions(n_parallel=5))
+    assert flagged.load_options.n_parallel == 5  # --parallel / HEARTHSIDE_PARALLEL win
+    again.apply_settings(None)
+    assert again.load_options.n_parallel is None and read_parallel(settings) is None
+
+
+@pytest.fixture
+def model_id(default_model_file: Path) -> str:
+    with ModelStore(data_dir()) as store:
+        record = store.add(default_model_file, link=True, name="Gemma (test)", check_native=False)
+    return record.id
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> HardwareProfile:
+    return probe_in_subprocess(models_dir(tmp_path_factory.mktemp("probe-home")))
+
+
+def test_the_window_prepares_models_with_the_setting(
+    model_id: str, profile: HardwareProfile
+) -> None:
+    chosen = prepare_model(model_id, LoadOptions(n_ctx=1024, n_parallel=2), profile=lambda: profile)
+    assert chosen.config.n_parallel == 2 and chosen.config.total_context == 2048
+    auto = prepare_model(model_id, LoadOptions(n_ctx=1024), profile=lambda: profile)
+    assert auto.config.n_parallel == DEFAULT_PARALLEL  # a 270M model leaves room for 4

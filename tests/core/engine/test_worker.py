@@ -1,0 +1,199 @@
+"""The engine in a worker process: real crashes (signals sent to the real worker mid-reply)
+end the reply with a typed error, the service restarts the worker and serves the next one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hearthside.core.engine.config import EngineConfig, SamplingParams
+from hearthside.core.engine.engine import ChatMessage, TextCallback
+from hearthside.core.engine.service import EngineNotice, EngineService
+from hearthside.core.engine.worker_engine import WorkerEngine, describe_exit
+from hearthside.core.errors import EngineCrashedError, EngineLoadError, ModelFileError
+
+LONG_REPLY = SamplingParams(temperature=0, max_tokens=400)
+STORY = [ChatMessage("user", "Tell me a long story about a lighthouse keeper.")]
+
+
+@pytest.fixture
+def config(chat_model_file: Path) -> EngineConfig:
+    return EngineConfig(str(chat_model_file), n_ctx=1024, flash_attn=True)
+
+
+@pytest.fixture
+def worker(config: EngineConfig) -> Iterator[WorkerEngine]:
+    engine = WorkerEngine(config)
+    yield engine
+    engine.close()
+
+
+def kill_after_first_text(pid: int, sig: signal.Signals) -> tuple[list[str], TextCallback]:
+    """The pieces received, and an on_text that sends `sig` to the worker at the third."""
+    pieces: list[str] = []
+
+    def on_text(piece: str) -> None:
+        pieces.append(piece)
+        if len(pieces) == 3:
+            os.kill(pid, sig)
+
+    return pieces, on_text
+
+
+def test_the_model_lives_in_another_process(worker: WorkerEngine) -> None:
+    assert worker.pid != os.getpid()
+    child = psutil.Process(worker.pid)
+    assert child.memory_info().rss > 50 * 2**20  # the weights are there, not here
+    result = worker.chat(
+        [ChatMessage("user", "Name a colour.")], SamplingParams(temperature=0, max_tokens=8)
+    )
+    assert result.text and result.metrics.completion_tokens > 0
+    assert worker.n_ctx == 1024 and worker.n_vocab > 1000
+
+
+def test_text_streams_back_as_it_is_written(worker: WorkerEngine) -> None:
+    arrivals: list[float] = []
+    result = worker.chat(
+        STORY,
+        SamplingParams(temperature=0, max_tokens=40),
+        on_text=lambda _piece: arrivals.append(time.perf_counter()),
+    )
+    assert len(arrivals) >= 10
+    assert arrivals[-1] - arrivals[0] > 0.05  # spread over the reply, not all at the end
+    assert result.metrics.completion_tokens == 40
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGKILL])
+def test_a_signal_mid_reply_ends_it_with_a_typed_error(
+    worker: WorkerEngine, sig: signal.Signals
+) -> None:
+    pieces, on_text = kill_after_first_text(worker.pid, sig)
+    with pytest.raises(EngineCrashedError) as crash:
+        worker.chat(STORY, LONG_REPLY, on_text=on_text)
+    assert len(pieces) >= 3
+    assert crash.value.cause.startswith(sig.name)
+    assert sig.name in crash.value.user_text() and crash.value.hint
+    assert crash.value.native_lines  # llama.cpp's log lines, kept for the crash report
+    with pytest.raises(EngineCrashedError):
+        worker.tokenize("hello")  # a dead worker says so at once, it does not hang
+
+
+def test_cancel_stops_a_reply_within_250_ms(worker: WorkerEngine) -> None:
+    cancel = threading.Event()
+    cancelled_at: list[float] = []
+
+    def press_stop() -> None:
+        cancelled_at.append(time.perf_counter())
+        cancel.set()
+
+    threading.Timer(0.3, press_stop).start()
+    result = worker.chat(STORY, LONG_REPLY, cancel=cancel)
+    assert result.metrics.stop_reason == "cancelled"
+    assert time.perf_counter() - cancelled_at[0] < 0.25
+
+
+def test_closing_ends_the_process_and_frees_its_memory(config: EngineConfig) -> None:
+    engine = WorkerEngine(config)
+    child = psutil.Process(engine.pid)
+    engine.close()
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_bad_file_fails_before_any_process_starts(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(ModelFileError):
+        WorkerEngine(EngineConfig(str(broken)))
+
+
+def test_a_crash_while_loading_is_a_load_error(config: EngineConfig) -> None:
+    # A context far beyond this machine's memory: llama.cpp refuses (or the kernel kills it);
+    # either way the caller gets a load error, never a hang or a dead app.
+    with pytest.raises(EngineLoadError):
+        WorkerEngine(config.with_changes(n_ctx=2**26))
+
+
+def test_exit_descriptions_name_the_signal() -> None:
+    assert describe_exit(-signal.SIGSEGV) == "SIGSEGV, a segmentation fault"
+    assert describe_exit(-signal.SIGKILL).startswith("SIGKILL, killed")
+    assert describe_exit(3) == "exit status 3"
+
+
+# ---- the service restarts the worker --------------------------------------------------------
+
+
+@pytest.fixture
+def service() -> Iterator[tuple[EngineService, list[EngineNotice]]]:
+    notices: list[EngineNotice] = []
+    running = EngineService().start()
+    running.add_listener(notices.append)
+    yield running, notices
+    running.stop()
+
+
+def crash_a_reply(service: EngineService, sig: signal.Signals) -> EngineCrashedError:
+    pid = service.worker_pid
+    assert pid is not None
+    pieces, on_text = kill_after_first_text(pid, sig)
+    job = service.chat(STORY, LONG_REPLY, on_text=on_text)
+    with pytest.raises(EngineCrashedError) as crash:
+        job.result(60)
+    assert len(pieces) >= 3  # the part written before the crash reached the caller
+    return crash.value
+
+
+def wait_for(predicate: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_after_a_crash_the_service_restarts_the_worker_and_serves_the_next_chat(
+    service: tuple[EngineService, list[EngineNotice]], config: EngineConfig
+) -> None:
+    engine, notices = service
+    engine.load(config).result(60)
+    first_pid = engine.worker_pid
+    crash_a_reply(engine, signal.SIGSEGV)
+    reply = engine.chat(STORY, SamplingParams(temperature=0, max_tokens=8)).result(60)
+    assert reply.text
+    assert engine.worker_pid not in (None, first_pid)
+    assert [notice.kind for notice in notices] == ["crashed", "restarted"]
+    assert "SIGSEGV" in notices[0].message and "same settings" in notices[0].message
+    assert engine.loaded_config == config
+
+
+def test_a_second_crash_in_a_row_falls_back_to_the_safest_settings(
+    service: tuple[EngineService, list[EngineNotice]], config: EngineConfig
+) -> None:
+    engine, notices = service
+    engine.load(config.with_changes(type_k="q8_0", type_v="q8_0")).result(60)
+    crash_a_reply(engine, signal.SIGKILL)
+    wait_for(lambda: len(notices) == 2)
+    crash_a_reply(engine, signal.SIGSEGV)
+    wait_for(lambda: len(notices) == 4)
+    assert "safest settings" in notices[2].message
+    loaded = engine.loaded_config
+    assert isinstance(loaded, EngineConfig)
+    assert (loaded.flash_attn, loaded.type_k, loaded.type_v) == (False, "f16", "f16")
+    assert engine.chat(STORY, SamplingParams(temperature=0, max_tokens=4)).result(60).text
+
+
+def test_unloading_ends_the_worker(
+    service: tuple[EngineService, list[EngineNotice]], config: EngineConfig
+) -> None:
+    engine, _notices = service
+    engine.load(config).result(60)
+    pid = engine.worker_pid
+    assert pid is not None
+    child = psutil.Process(pid)
+    engine.stop()
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
