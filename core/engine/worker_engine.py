@@ -69,11 +69,24 @@ def describe_exit(returncode: int | None) -> str:
 
 
 class _Call:
-    """One request waiting for its answer; text pieces arrive first when it streams."""
+    """One request waiting for its answer. Streamed text goes to `on_text` straight from the
+    reading thread: one thread woken per token, not two, leaves the cores to llama.cpp."""
 
     def __init__(self, on_text: TextCallback | None) -> None:
         self.on_text = on_text
         self.answers: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.text_error: BaseException | None = None  # what on_text raised; the call fails
+
+    def text(self, piece: str) -> bool:
+        """Hand `piece` on; False when on_text raised (the request should stop)."""
+        if self.on_text is None or self.text_error is not None:
+            return self.text_error is None
+        try:
+            self.on_text(piece)
+        except BaseException as exc:
+            self.text_error = exc
+            return False
+        return True
 
 
 class WorkerEngine:
@@ -282,6 +295,11 @@ class WorkerEngine:
             self._reader_done()  # the worker is gone; its exit explains why
             raise self._crash or EngineError("The engine worker is not running.") from None
 
+    def _send_quietly(self, message: tuple[Any, ...]) -> None:
+        """A message whose loss does not matter (a cancel to a worker that may have gone)."""
+        with contextlib.suppress(OSError, ValueError):
+            self._pipe.send(message)
+
     def _wait(self, request_id: int, call: _Call, cancel: threading.Event | None) -> Any:
         cancel_sent = False
         while True:
@@ -290,18 +308,13 @@ class WorkerEngine:
             except queue.Empty:
                 if cancel is not None and cancel.is_set() and not cancel_sent:
                     cancel_sent = True
-                    with contextlib.suppress(BaseException):
-                        self._pipe.send(("cancel", request_id))
+                    self._send_quietly(("cancel", request_id))
                 continue
-            kind = answer[0]
-            if kind == "text":
-                self._live = answer[2]
-                if call.on_text is not None:
-                    call.on_text(answer[1])
-            elif kind == "result":
+            if call.text_error is not None:
+                raise call.text_error
+            if answer[0] == "result":
                 return answer[1]
-            else:
-                raise answer[1]
+            raise answer[1]
 
     # ---- the reading threads ---------------------------------------------------------
 
@@ -311,8 +324,14 @@ class WorkerEngine:
                 kind, request_id = message[0], message[1]
                 with self._calls_lock:
                     call = self._calls.get(request_id)
-                if call is not None:
+                if call is None:
+                    continue
+                if kind != "text":
                     call.answers.put((kind, *message[2:]))
+                    continue
+                self._live = message[3]
+                if not call.text(message[2]):
+                    self._send_quietly(("cancel", request_id))
         except (OSError, ValueError, EOFError) as exc:
             log.debug("engine worker pipe: %s", exc)
         except Exception:
