@@ -107,10 +107,8 @@ class WorkerEngine:
         self._pipe = FramedPipe(
             cast(BinaryIO, self._process.stdout), cast(BinaryIO, self._process.stdin)
         )
-        self._threads = [
-            _daemon(self._read_answers, "worker-answers"),
-            _daemon(self._read_native_log, "worker-log"),
-        ]
+        self._log_reader = _daemon(self._read_native_log, "worker-log")
+        _daemon(self._read_answers, "worker-answers")  # last: it may end at once
         try:
             snapshot: Snapshot = self._request(("load", config.to_dict(), verbose))
         except EngineCrashedError as crash:
@@ -354,7 +352,7 @@ class WorkerEngine:
             returncode = self._process.wait(CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             returncode = None
-        self._threads[1].join(1.0)  # its last words
+        self._log_reader.join(1.0)  # its last words
         if self._crash is None:
             self._crash = self._crash_error(returncode)
             log.error(

@@ -33,8 +33,10 @@ config = EngineConfig(path, n_ctx=n_ctx, type_k=kv, type_v=kv, flash_attn=True)
 with EngineService() as service:
     note = lambda text: print("retry:", text, flush=True)
     loaded = service.load(config, on_retry=note).result()
+    # the model lives in the engine worker, which inherits the limit: its peak is the one
+    status = open(f"/proc/{service.worker_pid}/status").read().splitlines()
 print("loaded:", loaded.n_ctx, loaded.type_k)
-peak = next(line for line in open("/proc/self/status") if line.startswith("VmPeak:"))
+peak = next(line for line in status if line.startswith("VmPeak:"))
 print("peak:", int(peak.split()[1]) * 1024)
 """
 

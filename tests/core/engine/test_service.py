@@ -118,4 +118,5 @@ def test_chat_through_the_service_on_the_real_model(default_model_file: Path) ->
         )
         result = job.result(timeout=60)
     assert result.text and "".join(pieces) == result.text
-    assert threads == {"hearthside-engine"}
+    # one thread hands the text on: the one reading the engine worker's answers
+    assert len(threads) == 1 and threading.main_thread().name not in threads
