@@ -16,6 +16,7 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
+from hearthside.app.api_models import LoadKnobs, on_demand_models
 from hearthside.app.cli_support import parallel_requests
 from hearthside.app.terminal_chat import config_for, start_loading, status
 from hearthside.core.engine.config import EngineConfig
@@ -50,6 +51,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--ctx", type=int, default=settings.context_size, help="context tokens per request"
     )
+    serve.add_argument("--threads", type=int, default=settings.threads, help="decode threads")
+    serve.add_argument(
+        "--batch-threads", type=int, default=settings.batch_threads, help="prompt threads"
+    )
     serve.add_argument(
         "--parallel",
         type=parallel_requests,
@@ -80,7 +85,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_serve(args: argparse.Namespace) -> int:
     check_bind_address(args.host)  # before anything loads: fail fast
-    chosen = config_for(args.model, args.ctx, None, None, args.parallel)
+    chosen = config_for(args.model, args.ctx, args.threads, args.batch_threads, args.parallel)
     api_key = None if args.no_key else _api_key(args.api_key_file)
     check_bind_is_safe(args.host, api_key)  # before the model loads: fail fast
     lan_hosts = allowed_lan_hosts(args.lan_host, args.port)
@@ -103,7 +108,13 @@ def _run_serve(args: argparse.Namespace) -> int:
         if not is_loopback_host(args.host):
             status(lan_access_note(settings.security_policy().allowed_hosts()))
         status("Press Ctrl-C to stop.")
-        serve_foreground(settings, service)
+        knobs = LoadKnobs(
+            n_ctx=args.ctx,
+            n_threads=args.threads,
+            n_threads_batch=args.batch_threads,
+            n_parallel=args.parallel,
+        )  # for models named by requests
+        serve_foreground(settings, service, on_demand_models(data_dir(), knobs))
     return 0
 
 

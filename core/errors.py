@@ -47,7 +47,22 @@ class EngineLoadError(EngineError):
 
 
 class ContextOverflowError(EngineError):
-    """The prompt (plus the requested reply) does not fit in the context window."""
+    """The prompt (plus the requested reply) does not fit in the context window. The counts,
+    when known, let the API word it as OpenAI does, which clients match."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        context_tokens: int | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int = 0,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.context_tokens = context_tokens
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens  # asked for; 0: none asked
 
 
 class TemplateError(EngineError):

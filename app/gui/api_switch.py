@@ -113,7 +113,11 @@ def start_api(service: EngineService, port: int) -> ServerController:
         api_key=load_or_create_api_key(data_dir() / KEY_FILE_NAME),
         model_id=served_model_id(service),
     )
-    controller = ServerController(settings, service)
+    from hearthside.app.api_models import LoadKnobs, on_demand_models
+    from hearthside.core.settings import Settings
+
+    knobs = LoadKnobs.from_settings(Settings())  # models requests name load as the window's do
+    controller = ServerController(settings, service, on_demand=on_demand_models(data_dir(), knobs))
     controller.start()
     return controller
 

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import llama_cpp
+import numpy as np
 
 from hearthside.core.engine.config import SamplingParams
+from hearthside.core.engine.logprobs import LogprobsCallback, TokenLogprob, logits_row
 from hearthside.core.engine.speculative import SpeculativeLlama, SpeculativeLlamaWithOverrides
 from hearthside.core.errors import EngineError
 
@@ -153,8 +155,13 @@ class SamplerChain:
 class SequenceRun(Protocol):
     """The bookkeeping of one generation (engine.py's `_GenerationRun`), driven token by token."""
 
-    def feed(self, token: int) -> bool:
-        """Take the next sampled token; False once the generation is over."""
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether `feed` needs each token's logits."""
+
+    def feed(self, token: int, logits: np.ndarray | None = None) -> bool:
+        """Take the next sampled token (with its logits, for logprobs); False once the
+        generation is over."""
 
     def stop(self, reason: str) -> None:
         """End the generation from outside (a cancel between steps)."""
@@ -163,14 +170,23 @@ class SequenceRun(Protocol):
         """The finished reply with its metrics (flushes held-back text first)."""
 
 
-RunFactory = Callable[[int, TextCallback], SequenceRun]  # (prompt tokens reused, emit)
+# (prompt tokens reused, emit text, emit logprob entries)
+RunFactory = Callable[[int, TextCallback, LogprobsCallback], SequenceRun]
+
+
+@dataclass(frozen=True)
+class _LogprobEntries:
+    """Logprob entries on their way to the caller's thread, between its text pieces."""
+
+    entries: tuple[TokenLogprob, ...]
 
 
 class BatchRequest:
     """One generation, waiting for a slot or running in one.
 
-    `start(reused, emit)` makes its run once it has a slot: `reused` prompt tokens came from
-    the slot's cache, and `emit` sends text to the caller's thread.
+    `start(reused, emit, emit_logprobs)` makes its run once it has a slot: `reused` prompt
+    tokens came from the slot's cache, and the emitters send text and logprob entries to the
+    caller's thread, in the order they came.
     """
 
     def __init__(
@@ -194,6 +210,9 @@ class BatchRequest:
 
     def emit(self, piece: str) -> None:
         self._pieces.put(piece)
+
+    def emit_logprobs(self, entries: tuple[TokenLogprob, ...]) -> None:
+        self._pieces.put(_LogprobEntries(entries))
 
     def complete(self, result: GenerationResult) -> None:
         self.result = result
@@ -247,9 +266,11 @@ class BatchScheduler:
         *,
         n_slots: int,
         n_batch: int,
+        n_vocab: int,
         step_target_s: float = STEP_TARGET_S,
     ) -> None:
         self._ctx = ctx
+        self._n_vocab = n_vocab
         self._memory = llama_cpp.llama_get_memory(ctx)
         self._n_batch = n_batch
         self._step_target_s = step_target_s
@@ -304,10 +325,16 @@ class BatchScheduler:
             self._waiting.append(request)
             self._wake.notify_all()
 
-    def wait(self, request: BatchRequest, on_text: TextCallback | None) -> GenerationResult:
-        """Block until the submitted `request` is done, calling `on_text` on this thread."""
+    def wait(
+        self,
+        request: BatchRequest,
+        on_text: TextCallback | None,
+        on_logprobs: LogprobsCallback | None = None,
+    ) -> GenerationResult:
+        """Block until the submitted `request` is done, calling `on_text` (and `on_logprobs`)
+        on this thread."""
         try:
-            self._relay(request, on_text)
+            self._relay(request, on_text, on_logprobs)
         except BaseException:
             request.abandoned = True  # the loop frees its slot at the next step
             with self._wake:
@@ -318,7 +345,12 @@ class BatchScheduler:
         assert request.result is not None
         return request.result
 
-    def _relay(self, request: BatchRequest, on_text: TextCallback | None) -> None:
+    def _relay(
+        self,
+        request: BatchRequest,
+        on_text: TextCallback | None,
+        on_logprobs: LogprobsCallback | None,
+    ) -> None:
         while True:
             try:
                 item = request.next_piece(_WAIT_POLL_S)
@@ -328,7 +360,10 @@ class BatchScheduler:
                 continue
             if item is _DONE:
                 return
-            if on_text is not None:
+            if isinstance(item, _LogprobEntries):
+                if on_logprobs is not None:
+                    on_logprobs(item.entries)
+            elif on_text is not None:
                 on_text(str(item))
 
     def clear_cache(self) -> None:
@@ -454,7 +489,10 @@ class BatchScheduler:
             return
         try:
             token = sequence.request.sampler.sample(self._ctx, planned.output)
-            going_on = sequence.run.feed(token)
+            logits = None
+            if sequence.run.wants_logprobs:
+                logits = logits_row(self._ctx, planned.output, self._n_vocab)
+            going_on = sequence.run.feed(token, logits)
         except Exception as exc:
             log.exception("sampling a sequence failed")
             self._end(sequence, _generation_error(exc))
@@ -528,7 +566,7 @@ class BatchScheduler:
         slot.busy = True
         slot.last_used = next(self._uses)
         try:
-            run = request.start(shared, request.emit)
+            run = request.start(shared, request.emit, request.emit_logprobs)
         except Exception as exc:
             slot.busy = False
             request.fail(_generation_error(exc))
@@ -537,7 +575,8 @@ class BatchScheduler:
 
     def _cancel_unadmitted(self, request: BatchRequest) -> None:
         try:
-            run = request.start(len(request.prompt), request.emit)  # nothing was evaluated
+            # nothing was evaluated
+            run = request.start(len(request.prompt), request.emit, request.emit_logprobs)
             run.stop("cancelled")
             request.complete(run.outcome())
         except Exception as exc:

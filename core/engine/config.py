@@ -15,6 +15,8 @@ import psutil
 
 from hearthside.core.errors import EngineError
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat `top_logprobs`
+
 SplitMode = Literal["none", "layer", "row"]
 NumaMode = Literal["off", "distribute", "isolate", "numactl"]
 SpeculativeMode = Literal["off", "prompt_lookup", "draft_model"]
@@ -286,6 +288,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     grammar: str | None = None  # GBNF the reply must follow (JSON output, tool calls)
+    # None: no logprobs (and no cost); N: each token's logprob and the N most likely there
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -296,6 +300,8 @@ class SamplingParams:
             raise EngineConfigError("max_tokens must be at least 1.")
         if any(not stop for stop in self.stop):
             raise EngineConfigError("Stop sequences must not be empty.")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise EngineConfigError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}.")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

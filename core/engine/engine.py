@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,14 @@ from hearthside.core.engine.batch import (
 from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
 from hearthside.core.engine.grammar_limits import GrammarError, check_grammar_bounds
 from hearthside.core.engine.load_report import parse_load_log
+from hearthside.core.engine.logprobs import (
+    LogprobLedger,
+    LogprobsCallback,
+    TokenLogprob,
+    display_piece,
+    logits_row,
+    token_logprob,
+)
 from hearthside.core.engine.metrics import GenerationMetrics
 from hearthside.core.engine.speculative import (
     CountingDraft,
@@ -56,6 +65,7 @@ from hearthside.core.models.vocab import require_compatible_draft
 
 MIN_ENGINE_VERSION = (0, 3, 36)
 TextCallback = Callable[[str], None]
+LogitsOf = Callable[[int], np.ndarray]  # the logits that produced the Nth sampled token
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,8 @@ class GenerationResult:
     text: str
     metrics: GenerationMetrics
     tokens: tuple[int, ...] = ()  # every token the model sampled, a final end token included
+    # With SamplingParams.logprobs set: one entry per token of `text`, in order; else None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 def engine_version() -> tuple[int, ...]:
@@ -141,6 +153,7 @@ class Engine:
                     self._llama.ctx,
                     n_slots=config.n_parallel,
                     n_batch=int(llama_cpp.llama_n_batch(self._llama.ctx)),
+                    n_vocab=self.n_vocab,
                 ).start()
         except BaseException:
             self._llama.close()
@@ -265,6 +278,10 @@ class Engine:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
+    def display_piece(self, token: int) -> bytes:
+        """A token's bytes with control tokens written out (for top-logprob alternatives)."""
+        return display_piece(self._vocab, token)
+
     # ---- generation ------------------------------------------------------------------------
 
     def chat(
@@ -274,8 +291,13 @@ class Engine:
         *,
         on_text: TextCallback | None = None,
         cancel: threading.Event | None = None,
+        on_logprobs: LogprobsCallback | None = None,
     ) -> GenerationResult:
-        """Stream the assistant's reply to `messages`; `on_text` gets each new piece of text."""
+        """Stream the assistant's reply to `messages`; `on_text` gets each new piece of text.
+
+        With `sampling.logprobs` set, `on_logprobs` gets the entries of the tokens whose text
+        is now shown, just before the piece that completes them (and once more at the end).
+        """
         started = time.perf_counter()
         with self._admitted():
             prompt_tokens = self.tokenize_prompt(self.render_chat(messages))
@@ -283,7 +305,13 @@ class Engine:
         if format_stops:
             sampling = dataclasses.replace(sampling, stop=sampling.stop + format_stops)
         return self.generate(
-            prompt_tokens, sampling, on_text=on_text, cancel=cancel, started=started, reply=True
+            prompt_tokens,
+            sampling,
+            on_text=on_text,
+            cancel=cancel,
+            started=started,
+            reply=True,
+            on_logprobs=on_logprobs,
         )
 
     def generate(
@@ -295,6 +323,7 @@ class Engine:
         cancel: threading.Event | None = None,
         started: float | None = None,
         reply: bool = False,
+        on_logprobs: LogprobsCallback | None = None,
     ) -> GenerationResult:
         """Continue `prompt_tokens`, reusing whatever prefix of them the KV cache holds.
 
@@ -306,7 +335,9 @@ class Engine:
         self._check_prompt_fits(len(prompt_tokens), sampling)
         cancel = cancel or threading.Event()
         if self.config.n_parallel > 1:
-            return self._generate_in_batch(prompt_tokens, sampling, on_text, cancel, started, reply)
+            return self._generate_in_batch(
+                prompt_tokens, sampling, (on_text, on_logprobs), cancel, started, reply
+            )
         reused = self._reuse_cached_prefix(prompt_tokens)
         run = _GenerationRun(
             self,
@@ -318,28 +349,39 @@ class Engine:
             on_text=on_text,
             cancel=cancel,
             on_first_token=self.prompt_evaluated,
+            on_logprobs=on_logprobs,
         )
         if self._draft is not None:
             self._draft.begin_generation()
+        logits_of = partial(self._sampled_logits, len(prompt_tokens))
         with self._armed_abort(cancel):
-            text = run.stream(self._token_stream(prompt_tokens, sampling))
-        stats = self._settle_draft(prompt_tokens, run)
-        return GenerationResult(text=text, metrics=run.metrics(stats), tokens=tuple(run.sampled))
+            run.stream(self._token_stream(prompt_tokens, sampling), logits_of)
+        return run.outcome(self._settle_draft(prompt_tokens, run))
 
     def _generate_in_batch(
         self,
         prompt_tokens: Sequence[int],
         sampling: SamplingParams,
-        on_text: TextCallback | None,
+        callbacks: tuple[TextCallback | None, LogprobsCallback | None],
         cancel: threading.Event,
         started: float,
         reply: bool,
     ) -> GenerationResult:
         n_prompt = len(prompt_tokens)
 
-        def start(reused: int, emit: TextCallback) -> _GenerationRun:
+        def start(
+            reused: int, emit: TextCallback, emit_logprobs: LogprobsCallback
+        ) -> _GenerationRun:
             return _GenerationRun(
-                self, sampling, started, n_prompt, reused, reply, on_text=emit, cancel=cancel
+                self,
+                sampling,
+                started,
+                n_prompt,
+                reused,
+                reply,
+                on_text=emit,
+                cancel=cancel,
+                on_logprobs=emit_logprobs,
             )
 
         with self._admitted():
@@ -349,7 +391,7 @@ class Engine:
             sampler = SamplerChain(sampling, self.n_vocab, grammar)
             request = BatchRequest(prompt_tokens, sampler, cancel, start)
             scheduler.submit(request)
-        return scheduler.wait(request, on_text)
+        return scheduler.wait(request, *callbacks)
 
     @contextlib.contextmanager
     def _admitted(self) -> Iterator[None]:
@@ -376,6 +418,14 @@ class Engine:
         produced = np.array([*prompt_tokens, *run.sampled], dtype=np.intc)
         return self._draft.finish_generation(produced)
 
+    def _sampled_logits(self, n_prompt: int, index: int) -> np.ndarray:
+        """The logits that produced the `index`-th sampled token on the single-sequence path,
+        read while `Llama.generate` has just yielded it: it sampled position
+        n_prompt - 1 + index from the outputs of its last evaluation, which end at
+        `n_tokens` (one output without a draft, the last few with one)."""
+        position = n_prompt - 1 + index
+        return logits_row(self._llama.ctx, position - self._llama.n_tokens, self.n_vocab)
+
     def _check_prompt_fits(self, n_prompt: int, sampling: SamplingParams) -> None:
         if n_prompt == 0:
             raise EngineError("The prompt is empty.")
@@ -386,6 +436,9 @@ class Engine:
                 f"model is loaded with a context of {self.n_ctx} tokens.",
                 hint="Ask for fewer tokens, shorten the conversation, or load the model with a "
                 "larger context.",
+                context_tokens=self.n_ctx,
+                prompt_tokens=n_prompt,
+                completion_tokens=wanted,
             )
         if n_prompt >= self.n_ctx:
             raise ContextOverflowError(
@@ -393,6 +446,8 @@ class Engine:
                 f"context of {self.n_ctx} tokens.",
                 hint="Start a new chat, shorten the message, or load the model with a larger "
                 "context.",
+                context_tokens=self.n_ctx,
+                prompt_tokens=n_prompt,
             )
 
     def _reuse_cached_prefix(self, prompt_tokens: Sequence[int]) -> int:
@@ -532,6 +587,7 @@ class _GenerationRun:
         on_text: TextCallback | None = None,
         cancel: threading.Event | None = None,
         on_first_token: Callable[[], None] | None = None,
+        on_logprobs: LogprobsCallback | None = None,
     ) -> None:
         self.engine = engine
         self.trim_start = trim_start
@@ -553,12 +609,27 @@ class _GenerationRun:
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._stops = StopMatcher(sampling.stop)
         self._emitted: list[str] = []
+        # Logprobs, when asked for: offsets in characters of the decoded stream (logprobs.py)
+        self._ledger = LogprobLedger() if sampling.logprobs is not None else None
+        self._on_logprobs = on_logprobs
+        self._decoded_chars = 0
+        self._shown_chars = 0  # decoded characters past the stop matcher, stripped ones too
+        self._lead_chars = 0  # leading whitespace stripped from a reply
 
-    def stream(self, tokens: Iterator[int]) -> str:
-        """Feed every token of `tokens` until the generation is over; the reply's text."""
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether `feed` needs the logits of each token (the request asked for logprobs)."""
+        return self._ledger is not None
+
+    def stream(self, tokens: Iterator[int], logits_of: LogitsOf | None = None) -> str:
+        """Feed every token of `tokens` until the generation is over; the reply's text.
+        `logits_of(n)` gives the logits behind the nth token (needed for logprobs)."""
         try:
             for token in self._guarded(tokens):
-                if not self.feed(token):
+                logits = None
+                if self._ledger is not None and logits_of is not None:
+                    logits = logits_of(len(self.sampled))
+                if not self.feed(token, logits):
                     break
         finally:
             if hasattr(tokens, "close"):
@@ -577,16 +648,21 @@ class _GenerationRun:
                 hint="Try again; if it keeps failing, reload the model with a smaller context.",
             ) from exc
 
-    def feed(self, token: int) -> bool:
-        """Take the next sampled token; False once the generation is over (EOS, a stop
-        sequence, max_tokens, a full context or cancellation: see `stop_reason`)."""
+    def feed(self, token: int, logits: np.ndarray | None = None) -> bool:
+        """Take the next sampled token (and, for logprobs, the logits it was sampled from);
+        False once the generation is over (EOS, a stop sequence, max_tokens, a full context
+        or cancellation: see `stop_reason`)."""
         self._note_token()
         self.sampled.append(token)
         if self.engine.is_end_of_generation(token):
             self.stop_reason = "eos"
             return False
         self.completion_tokens += 1
-        piece, stopped = self._stops.feed(self._decoder.decode(self.engine.token_text(token)))
+        piece_bytes = self.engine.token_text(token)
+        decoded = self._decoder.decode(piece_bytes)
+        if self._ledger is not None:
+            self._record_logprob(token, piece_bytes, len(decoded), logits)
+        piece, stopped = self._stops.feed(decoded)
         self._emit(piece)
         if stopped:
             self.stop_reason = "stop"
@@ -606,19 +682,50 @@ class _GenerationRun:
 
     def finish(self) -> str:
         """The reply's text, with whatever was held back for a stop sequence that never came."""
-        if self.stop_reason != "stop":
+        stopped = self.stop_reason == "stop"
+        if not stopped:
             self._emit(self._stops.flush(self._decoder.decode(b"", final=True)))
+        if self._ledger is not None:
+            self._hand_out(
+                self._ledger.finish(self._shown_chars, self._lead_chars, stopped=stopped)
+            )
         return "".join(self._emitted)
 
     def outcome(self, speculative: SpeculationStats | None = None) -> GenerationResult:
         text = self.finish()
         return GenerationResult(
-            text=text, metrics=self.metrics(speculative), tokens=tuple(self.sampled)
+            text=text,
+            metrics=self.metrics(speculative),
+            tokens=tuple(self.sampled),
+            logprobs=self._ledger.kept if self._ledger is not None else None,
         )
 
+    def _record_logprob(
+        self, token: int, piece: bytes, n_chars: int, logits: np.ndarray | None
+    ) -> None:
+        assert self._ledger is not None
+        if logits is None:
+            raise EngineError("Logprobs were asked for, but no logits came with the token.")
+        start = self._decoded_chars
+        self._decoded_chars += n_chars
+        # A token that ends inside a UTF-8 character shows with the character's last byte.
+        incomplete = bool(self._decoder.getstate()[0])
+        n_top = self.sampling.logprobs or 0
+        entry = token_logprob(logits, token, piece, n_top, self.engine.display_piece)
+        self._ledger.add(entry, start, self._decoded_chars + int(incomplete))
+
+    def _hand_out(self, entries: tuple[TokenLogprob, ...]) -> None:
+        if entries and self._on_logprobs is not None:
+            self._on_logprobs(entries)
+
     def _emit(self, piece: str) -> None:
+        passed = len(piece)
         if self.trim_start and not self._emitted:
             piece = piece.lstrip()
+            self._lead_chars += passed - len(piece)
+        self._shown_chars += passed
+        if self._ledger is not None:
+            self._hand_out(self._ledger.release(self._shown_chars, self._lead_chars))
         if piece:
             self._emitted.append(piece)
             if self._on_text is not None:

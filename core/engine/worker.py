@@ -22,6 +22,7 @@ from typing import Any
 
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.engine import Engine
+from hearthside.core.engine.logprobs import TokenLogprob
 from hearthside.core.engine.worker_protocol import FramedPipe, Snapshot
 from hearthside.core.errors import EngineError
 
@@ -148,8 +149,13 @@ class Worker:
             live = engine.live_speculation()
             self._send(("text", request_id, piece, live))
 
+        def on_logprobs(entries: tuple[TokenLogprob, ...]) -> None:
+            self._send(("logprobs", request_id, entries))
+
         def run() -> Any:
-            return getattr(engine, method)(*args, **kwargs, on_text=on_text, cancel=cancel)
+            return getattr(engine, method)(
+                *args, **kwargs, on_text=on_text, cancel=cancel, on_logprobs=on_logprobs
+            )
 
         return self._holding(engine.config.n_parallel > 1, run)
 

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, TextCallback
 from hearthside.core.engine.load_report import LoadReport
+from hearthside.core.engine.logprobs import LogprobsCallback, TokenLogprob
 from hearthside.core.engine.metrics import SpeculationStats
 from hearthside.core.engine.worker_protocol import FramedPipe, Snapshot
 from hearthside.core.errors import (
@@ -72,8 +73,11 @@ class _Call:
     """One request waiting for its answer. Streamed text goes to `on_text` straight from the
     reading thread: one thread woken per token, not two, leaves the cores to llama.cpp."""
 
-    def __init__(self, on_text: TextCallback | None) -> None:
+    def __init__(
+        self, on_text: TextCallback | None, on_logprobs: LogprobsCallback | None = None
+    ) -> None:
         self.on_text = on_text
+        self.on_logprobs = on_logprobs
         self.answers: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.text_error: BaseException | None = None  # what on_text raised; the call fails
 
@@ -83,6 +87,17 @@ class _Call:
             return self.text_error is None
         try:
             self.on_text(piece)
+        except BaseException as exc:
+            self.text_error = exc
+            return False
+        return True
+
+    def logprobs(self, entries: tuple[TokenLogprob, ...]) -> bool:
+        """Hand `entries` on, like `text`."""
+        if self.on_logprobs is None or self.text_error is not None:
+            return self.text_error is None
+        try:
+            self.on_logprobs(entries)
         except BaseException as exc:
             self.text_error = exc
             return False
@@ -164,8 +179,9 @@ class WorkerEngine:
         *,
         on_text: TextCallback | None = None,
         cancel: threading.Event | None = None,
+        on_logprobs: LogprobsCallback | None = None,
     ) -> GenerationResult:
-        return self._streamed("chat", (list(messages), sampling), on_text, cancel)
+        return self._streamed("chat", (list(messages), sampling), (on_text, on_logprobs), cancel)
 
     def generate(
         self,
@@ -176,10 +192,15 @@ class WorkerEngine:
         cancel: threading.Event | None = None,
         started: float | None = None,
         reply: bool = False,
+        on_logprobs: LogprobsCallback | None = None,
     ) -> GenerationResult:
         del started  # the worker's clock starts when it gets the request
         return self._streamed(
-            "generate", (list(prompt_tokens), sampling), on_text, cancel, reply=reply
+            "generate",
+            (list(prompt_tokens), sampling),
+            (on_text, on_logprobs),
+            cancel,
+            reply=reply,
         )
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
@@ -257,18 +278,20 @@ class WorkerEngine:
         self,
         method: str,
         args: tuple[Any, ...],
-        on_text: TextCallback | None,
+        callbacks: tuple[TextCallback | None, LogprobsCallback | None],
         cancel: threading.Event | None,
         **kwargs: Any,
     ) -> GenerationResult:
         self._live = None
-        return self._request(("stream", method, args, kwargs), on_text=on_text, cancel=cancel)
+        return self._request(
+            ("stream", method, args, kwargs), call=_Call(*callbacks), cancel=cancel
+        )
 
     def _request(
         self,
         message: tuple[Any, ...],
         *,
-        on_text: TextCallback | None = None,
+        call: _Call | None = None,
         cancel: threading.Event | None = None,
     ) -> Any:
         if self._crash is not None:
@@ -276,7 +299,7 @@ class WorkerEngine:
         if self._closing:
             raise EngineError("The model was unloaded.", hint="Load a model first.")
         request_id = next(self._ids)
-        call = _Call(on_text)
+        call = call or _Call(None)
         with self._calls_lock:
             self._calls[request_id] = call
         try:
@@ -323,6 +346,10 @@ class WorkerEngine:
                 with self._calls_lock:
                     call = self._calls.get(request_id)
                 if call is None:
+                    continue
+                if kind == "logprobs":
+                    if not call.logprobs(message[2]):
+                        self._send_quietly(("cancel", request_id))
                     continue
                 if kind != "text":
                     call.answers.put((kind, *message[2:]))

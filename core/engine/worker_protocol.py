@@ -11,6 +11,7 @@ app → worker   ("load", id, config_dict, verbose)       load the model; the re
                ("cancel", id)                            stop request `id` between two tokens
                ("close", 0)                              unload and exit
 worker → app   ("text", id, piece, speculation)          a piece of a streamed reply
+               ("logprobs", id, entries)                  logprob entries, before their text
                ("result", id, value) / ("error", id, exception)
 """
 

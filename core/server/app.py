@@ -18,20 +18,23 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearthside.core.engine.config import EngineConfigError, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.grammar_limits import GrammarError
+from hearthside.core.engine.logprobs import LogprobsCallback, TokenLogprob
 from hearthside.core.engine.remote import RemoteEngine, RemoteServerError
 from hearthside.core.engine.service import EngineService, Job, LoadedEngine, LocalEngine
 from hearthside.core.errors import (
@@ -42,7 +45,15 @@ from hearthside.core.errors import (
     JobCancelledError,
     QueueFullError,
 )
-from hearthside.core.server import structured
+from hearthside.core.server import choices, structured, validation
+from hearthside.core.server.content_parts import check_text_only
+from hearthside.core.server.logprob_format import (
+    StreamedLogprobs,
+    chat_logprobs,
+    completion_logprobs,
+)
+from hearthside.core.server.model_pool import DEFAULT_MAX_LOADED, ModelNotFoundError, ModelPool
+from hearthside.core.server.request_errors import InvalidRequestError
 from hearthside.core.server.schemas import (
     ChatCompletionRequest,
     ChatMessageIn,
@@ -68,6 +79,8 @@ class ServerSettings:
     max_tokens_cap: int = 4096
     model_id: str = "default"
     created_at: int = field(default_factory=lambda: int(time.time()))
+    # installed models loaded on demand beside `model_id`'s, least recently used unloaded first
+    max_on_demand_models: int = DEFAULT_MAX_LOADED
 
     def security_policy(self) -> SecurityPolicy:
         return SecurityPolicy(
@@ -118,11 +131,17 @@ class _CountingMiddleware:
 
 
 def create_app(
-    settings: ServerSettings, service: EngineService, counter: RequestCounter | None = None
+    settings: ServerSettings,
+    service: EngineService,
+    counter: RequestCounter | None = None,
+    pool: ModelPool | None = None,
 ) -> FastAPI:
+    """Without `pool`, requests may name only `service`'s model (or "default")."""
     app = FastAPI(title="Hearthside local API", version="1", docs_url=None, redoc_url=None)
+    pool = pool or ModelPool(service, settings.model_id, created_s=settings.created_at)
+    app.state.model_pool = pool  # routes in other modules pick their engine with it too
     _add_error_handlers(app)
-    _add_routes(app, settings, service)
+    _add_routes(app, settings, service, pool)
     if counter is not None:  # added first, so it sits inside the security checks
         app.add_middleware(_CountingMiddleware, counter=counter)
     app.add_middleware(SecurityMiddleware, policy=settings.security_policy())
@@ -144,9 +163,36 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def hearthside_error(_request: Request, exc: HearthsideError) -> JSONResponse:
         return error_response(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _routing_error(app, request, exc)
+
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, _exc: Exception) -> JSONResponse:
         return openai_error(500, "Internal error in Hearthside.", type_="server_error")
+
+
+def _routing_error(app: FastAPI, request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own refusals (no such route, a method the route does not take) in OpenAI's
+    shape rather than FastAPI's {"detail": ...}; the URL sent is not repeated back."""
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404:
+        routes = sorted(
+            f"{method} {route.path_format}"
+            for route in app.routes
+            if isinstance(route, APIRoute)
+            for method in (route.methods or set()) - {"HEAD"}
+        )
+        message = f"Hearthside has no route at this URL. It serves: {', '.join(routes)}."
+        return openai_error(404, message, type_="invalid_request_error", code="not_found")
+    if exc.status_code == 405:
+        allowed = headers.get("Allow", "")
+        message = f"This URL does not take {request.method} requests; it takes {allowed}."
+        return openai_error(
+            405, message, type_="invalid_request_error", code="method_not_allowed", headers=headers
+        )
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return openai_error(exc.status_code, str(exc.detail), type_=kind, headers=headers)
 
 
 def error_response(exc: HearthsideError) -> JSONResponse:
@@ -158,12 +204,27 @@ def error_response(exc: HearthsideError) -> JSONResponse:
             code="queue_full",
             headers={"Retry-After": "1"},
         )
+    if isinstance(exc, InvalidRequestError):
+        return openai_error(
+            400, exc.message, type_="invalid_request_error", code=exc.code, param=exc.param
+        )
+    if isinstance(exc, ModelNotFoundError):  # the openai SDK raises NotFoundError for it
+        return openai_error(
+            404, exc.message, type_="invalid_request_error", code="model_not_found", param="model"
+        )
     if isinstance(exc, ContextOverflowError):
         return openai_error(
-            400, exc.message, type_="invalid_request_error", code="context_length_exceeded"
+            400,
+            context_length_message(exc),
+            type_="invalid_request_error",
+            code="context_length_exceeded",
         )
     if isinstance(exc, EngineConfigError | structured.StructuredOutputError | GrammarError):
         return openai_error(400, exc.message, type_="invalid_request_error")
+    if isinstance(exc, validation.InvalidReplyError):  # 422: SDKs retry a 5xx unasked
+        return openai_error(
+            422, exc.message, type_="invalid_request_error", code="structured_output_failed"
+        )
     if isinstance(exc, JobCancelledError):
         return openai_error(499, exc.message, type_="invalid_request_error", code="cancelled")
     if isinstance(exc, EngineCrashedError):  # the service restarts it; the next request is served
@@ -175,32 +236,46 @@ def error_response(exc: HearthsideError) -> JSONResponse:
     return openai_error(500, exc.message, type_="server_error")
 
 
+def context_length_message(exc: ContextOverflowError) -> str:
+    """OpenAI's wording, which clients match (LiteLLM: "maximum context length") to tell a
+    prompt that is too long from other 400s."""
+    if exc.context_tokens is None or exc.prompt_tokens is None:
+        return f"This model's maximum context length was exceeded: {exc.message}"
+    if exc.completion_tokens:
+        asked = exc.prompt_tokens + exc.completion_tokens
+        why = (
+            f"However, you requested {asked} tokens ({exc.prompt_tokens} in the messages, "
+            f"{exc.completion_tokens} in the completion). Please reduce the length of the "
+            "messages or completion"
+        )
+    else:
+        why = (
+            f"However, your messages resulted in {exc.prompt_tokens} tokens. Please reduce the "
+            "length of the messages"
+        )
+    return (
+        f"This model's maximum context length is {exc.context_tokens} tokens. {why}, "
+        "or load the model with a larger context."
+    )
+
+
 # ---- routes ----------------------------------------------------------------------------------
 
 
-def _add_routes(app: FastAPI, settings: ServerSettings, service: EngineService) -> None:
-    model_card = {
-        "id": settings.model_id,
-        "object": "model",
-        "created": settings.created_at,
-        "owned_by": "hearthside",
-    }
-
+def _add_routes(
+    app: FastAPI, settings: ServerSettings, service: EngineService, pool: ModelPool
+) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok", "model": settings.model_id}
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card]}
+        return {"object": "list", "data": await run_in_threadpool(pool.cards)}
 
-    @app.get("/v1/models/{model_id}")
-    async def get_model(model_id: str) -> Response:
-        if model_id != settings.model_id:
-            return openai_error(
-                404, "No such model.", type_="invalid_request_error", code="model_not_found"
-            )
-        return JSONResponse(model_card)
+    @app.get("/v1/models/{model_id:path}")  # ids may hold "/" (llama-server's do)
+    async def get_model(model_id: str) -> dict[str, Any]:
+        return await run_in_threadpool(pool.card, model_id)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -208,9 +283,13 @@ def _add_routes(app: FastAPI, settings: ServerSettings, service: EngineService) 
             _sampling(body, settings)  # the same limits as for a local model
             relay = _Relay("chat/completions", _as_sent(body), body.stream, settings.model_id)
             return await relay.respond(request, service)
-        # Off the event loop: a large (bounded) schema must not stall other requests.
-        plan = await run_in_threadpool(_chat_plan, body, settings)
-        return await _respond(plan, body.stream, body.include_usage(), request, service, settings)
+        # Off the event loop: loading a model on demand, or a large (bounded) schema.
+        model = await run_in_threadpool(pool.model_for, body.model)
+        named = replace(settings, model_id=model.id)
+        plan = await run_in_threadpool(_chat_plan, body, named)
+        plans = _choice_plans(plan, body.n)
+        stream, usage = body.stream, body.include_usage()
+        return await _respond(plans, stream, usage, request, model.service, named)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -218,8 +297,11 @@ def _add_routes(app: FastAPI, settings: ServerSettings, service: EngineService) 
             _sampling(body, settings)
             relay = _Relay("completions", _as_sent(body), body.stream, settings.model_id)
             return await relay.respond(request, service)
-        plan = _completion_plan(body, settings)
-        return await _respond(plan, body.stream, body.include_usage(), request, service, settings)
+        model = await run_in_threadpool(pool.model_for, body.model)
+        named = replace(settings, model_id=model.id)
+        plans = _completion_plans(body, named)
+        stream, usage = body.stream, body.include_usage()
+        return await _respond(plans, stream, usage, request, model.service, named)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
@@ -232,6 +314,11 @@ def _add_routes(app: FastAPI, settings: ServerSettings, service: EngineService) 
             type_="invalid_request_error",
             code="embeddings_unsupported",
         )
+
+    # Imported here, not at the top: the Responses route builds on this module.
+    from hearthside.core.server.responses import add_responses_routes
+
+    add_responses_routes(app, settings, service, pool)
 
 
 # ---- turning a request into engine work ------------------------------------------------------
@@ -246,14 +333,41 @@ class GenerationPlan:
     prompt: str | None
     sampling: SamplingParams
     tools: tuple[structured.ToolSpec, ...] = ()
+    prompt_tokens: tuple[int, ...] | None = None  # a completions prompt sent as token ids
+    prompt_index: int = 0  # which of the request's prompts this choice answers
+    check: validation.ReplyCheck | None = None  # the schema a JSON reply or tool call follows
+    on_logprobs: LogprobsCallback | None = None  # streaming: logprob entries, ahead of text
 
     def run(
         self, engine: LocalEngine, cancel: Any, on_text: Callable[[str], None] | None
     ) -> GenerationResult:
+        if self.messages is not None and self.check is not None:
+            messages = self.messages
+            # Streamed logprobs only where the text streams live too (not held back to check).
+            on_logprobs = self.on_logprobs if self.check.grammar_enforces_all else None
+
+            def generate(sampling: SamplingParams, sink: Any) -> GenerationResult:
+                return engine.chat(
+                    messages, sampling, on_text=sink, cancel=cancel, on_logprobs=on_logprobs
+                )
+
+            return validation.generate_checked(generate, self.sampling, self.check, on_text)
         if self.messages is not None:
-            return engine.chat(self.messages, self.sampling, on_text=on_text, cancel=cancel)
-        tokens = engine.tokenize(self.prompt or "", add_bos=True)
-        return engine.generate(tokens, self.sampling, on_text=on_text, cancel=cancel)
+            return engine.chat(
+                self.messages,
+                self.sampling,
+                on_text=on_text,
+                cancel=cancel,
+                on_logprobs=self.on_logprobs,
+            )
+        if self.prompt_tokens is None:
+            tokens = engine.tokenize(self.prompt or "", add_bos=True)
+        else:
+            choices.check_token_ids(self.prompt_tokens, engine.n_vocab)
+            tokens = list(self.prompt_tokens)
+        return engine.generate(
+            tokens, self.sampling, on_text=on_text, cancel=cancel, on_logprobs=self.on_logprobs
+        )
 
 
 # What a request that sets no sampling field gets: llama.cpp's defaults, as llama-server
@@ -283,25 +397,33 @@ def _sampling(
         default_max_tokens=settings.max_tokens_cap,  # a client that asks for no limit
         stop=body.stop_sequences(),
         seed=body.seed,
+        logprobs=body.logprob_count(),
     )
 
 
 def _chat_plan(body: ChatCompletionRequest, settings: ServerSettings) -> GenerationPlan:
+    check_text_only(body.messages, settings.model_id)
     sampling = _sampling(body, settings)
     messages = [_engine_message(message) for message in body.messages]
     tools = structured.parse_tools(body.tools)
-    grammar = structured.grammar_for_tools(tools, body.tool_choice) if tools else None
+    parallel = structured.allows_parallel_calls(body.tool_choice, body.parallel_tool_calls)
+    grammar = (
+        structured.grammar_for_tools(tools, body.tool_choice, parallel=parallel) if tools else None
+    )
     if grammar is not None:
-        messages.insert(0, ChatMessage("system", structured.tool_prompt(tools)))
+        messages.insert(0, ChatMessage("system", structured.tool_prompt(tools, parallel=parallel)))
+        check: validation.ReplyCheck | None = validation.check_for_tools(tools)
     else:
         tools = ()
         grammar = structured.grammar_for_response_format(body.response_format)
+        check = validation.check_for_response_format(body.response_format)
     return GenerationPlan(
         kind="chat.completion",
         messages=tuple(messages),
         prompt=None,
         sampling=replace(sampling, grammar=grammar),
         tools=tools,
+        check=check,
     )
 
 
@@ -309,55 +431,134 @@ def _engine_message(message: ChatMessageIn) -> ChatMessage:
     if message.role == "tool":
         return ChatMessage("user", f"Result of tool call {message.tool_call_id}: {message.text()}")
     if message.role == "assistant" and message.tool_calls:
-        calls = [call.get("function", {}) for call in message.tool_calls]
-        return ChatMessage("assistant", json.dumps(calls[0] if len(calls) == 1 else calls))
+        return ChatMessage("assistant", structured.render_tool_calls(message.tool_calls))
     role = "system" if message.role == "developer" else message.role
     return ChatMessage(role, message.text())
 
 
-def _completion_plan(body: CompletionRequest, settings: ServerSettings) -> GenerationPlan:
-    try:
-        prompt = body.prompt_text()
-    except ValueError as exc:
-        raise EngineConfigError(str(exc)) from None
-    return GenerationPlan(
-        kind="text_completion", messages=None, prompt=prompt, sampling=_sampling(body, settings)
-    )
+def _completion_plans(body: CompletionRequest, settings: ServerSettings) -> list[GenerationPlan]:
+    """One plan per choice: `n` for each prompt, numbered as OpenAI does."""
+    prompts = choices.completion_prompts(body.prompt)
+    choices.check_choice_count(len(prompts), body.n)
+    sampling = _sampling(body, settings)
+    plans = []
+    for prompt_index, prompt in enumerate(prompts):
+        plan = GenerationPlan(
+            kind="text_completion",
+            messages=None,
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_tokens=None if isinstance(prompt, str) else prompt,
+            sampling=sampling,
+            prompt_index=prompt_index,
+        )
+        plans += _choice_plans(plan, body.n)
+    return plans
+
+
+def _choice_plans(plan: GenerationPlan, n: int) -> list[GenerationPlan]:
+    """`n` generations of `plan`, seeded `seed`, `seed + 1`, … when it has a seed."""
+    if n == 1:
+        return [plan]
+    seeds = choices.choice_seeds(plan.sampling.seed, n)
+    return [replace(plan, sampling=replace(plan.sampling, seed=seed)) for seed in seeds]
 
 
 # ---- running it: whole replies and streams ---------------------------------------------------
 
 
+ChoiceEvent = tuple[int, str | None]  # (choice index, a piece of text, or None: it ended)
+
+
 async def _respond(
-    plan: GenerationPlan,
+    plans: Sequence[GenerationPlan],
     stream: bool,
     include_usage: bool,
     request: Request,
     service: EngineService,
     settings: ServerSettings,
 ) -> Response:
-    reply = _ReplyFormat(plan, settings.model_id)
+    """Run one job per choice (`plans`, in choice order) and answer with all of them."""
+    replies = _reply_formats(plans, settings.model_id)
     if stream:
-        pieces: asyncio.Queue[str | None] = asyncio.Queue()
-        put = _thread_safe_put(pieces)
-        job = _submit(plan, service, put)
-        job.future.add_done_callback(lambda _f: put(None))
+        plans = _streaming_logprobs(plans, replies)
+        events: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
+        jobs = _submit_streaming(plans, service, _thread_safe_put(events))
         try:
-            first = await _first_event(pieces, job, request)
+            early = await _events_before_text(events, jobs, request)
         except ClientGone:
             return Response(status_code=499)
-        if first is None:
-            job.result()  # a request refused before its first token gets a proper status
-        return StreamingResponse(
-            _event_stream(job, first, pieces, reply, include_usage),
-            media_type="text/event-stream",
-        )
-    job = _submit(plan, service, None)
+        return sse_response(_event_stream(jobs, early, events, replies, include_usage))
+    jobs = _submit_all(plans, service, lambda _index: None)
     try:
-        result = await _wait_unless_client_leaves(job, request)
+        results = await _all_unless_client_leaves(jobs, request)
     except ClientGone:
         return Response(status_code=499)
-    return JSONResponse(reply.whole(result))
+    bodies = [reply.whole(result) for reply, result in zip(replies, results, strict=True)]
+    return JSONResponse(choices.merged_reply(bodies, _total_usage(plans, results)))
+
+
+def _streaming_logprobs(
+    plans: Sequence[GenerationPlan], replies: Sequence[_ReplyFormat]
+) -> list[GenerationPlan]:
+    """Plans that hand their logprob entries to their reply's chunks as they stream."""
+    return [
+        replace(plan, on_logprobs=reply.logprobs.hold)
+        if plan.sampling.logprobs is not None
+        else plan
+        for plan, reply in zip(plans, replies, strict=True)
+    ]
+
+
+def _reply_formats(plans: Sequence[GenerationPlan], model_id: str) -> list[_ReplyFormat]:
+    replies = [_ReplyFormat(plan, model_id) for plan in plans]
+    for reply in replies[1:]:  # the choices of one response share its id
+        reply.id, reply.created = replies[0].id, replies[0].created
+    return replies
+
+
+def _total_usage(
+    plans: Sequence[GenerationPlan], results: Sequence[GenerationResult]
+) -> dict[str, int]:
+    return choices.total_usage(
+        [plan.prompt_index for plan in plans], [_usage(result) for result in results]
+    )
+
+
+def _submit_all(
+    plans: Sequence[GenerationPlan],
+    service: EngineService,
+    on_text_for: Callable[[int], Callable[[str], None] | None],
+) -> list[Job[GenerationResult]]:
+    """A shared job per choice (several slots decode them together); all or none queued."""
+    jobs: list[Job[GenerationResult]] = []
+    try:
+        for index, plan in enumerate(plans):
+            jobs.append(_submit(plan, service, on_text_for(index)))
+    except BaseException:
+        _cancel_all(jobs)
+        raise
+    return jobs
+
+
+def _submit_streaming(
+    plans: Sequence[GenerationPlan], service: EngineService, put: Callable[[ChoiceEvent], None]
+) -> list[Job[GenerationResult]]:
+    def on_text_for(index: int) -> Callable[[str], None]:
+        return lambda piece: put((index, piece))
+
+    def on_end_for(index: int) -> Callable[[Any], None]:
+        return lambda _future: put((index, None))
+
+    jobs = _submit_all(plans, service, on_text_for)
+    for index, job in enumerate(jobs):
+        job.future.add_done_callback(on_end_for(index))
+    return jobs
+
+
+def _cancel_all(jobs: Sequence[Job[Any]]) -> None:
+    for job in jobs:
+        if not job.done():
+            job.cancel()
 
 
 def _submit(
@@ -384,43 +585,90 @@ def _thread_safe_put(queue: asyncio.Queue[T]) -> Callable[[T], None]:
 
 
 async def _wait_unless_client_leaves(job: Job[T], request: Request) -> T:
-    pending = asyncio.wrap_future(job.future)
+    return (await _all_unless_client_leaves([job], request))[0]
+
+
+async def _all_unless_client_leaves(jobs: Sequence[Job[T]], request: Request) -> list[T]:
+    """Every job's result, in order; the first error raised as it is."""
+    pending = [asyncio.wrap_future(job.future) for job in jobs]
     while True:
-        done, _ = await asyncio.wait({pending}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return pending.result()
+        _, waiting = await asyncio.wait(pending, timeout=DISCONNECT_POLL_S)
+        failed = [future for future in pending if future.done() and future.exception()]
+        if failed:
+            _cancel_all(jobs)  # one choice failed: the others are not wanted
+            failed[0].result()  # raises
+        if not waiting:
+            return [future.result() for future in pending]
         if await request.is_disconnected():
-            job.cancel()
+            _cancel_all(jobs)
             raise ClientGone()
 
 
+async def _events_before_text(
+    events: asyncio.Queue[ChoiceEvent], jobs: Sequence[Job[GenerationResult]], request: Request
+) -> list[ChoiceEvent]:
+    """The events up to the first piece of text. A choice that fails before any text (a
+    prompt that does not fit, a full queue) ends the request with its own status, before
+    a 200 and a stream have started."""
+    early: list[ChoiceEvent] = []
+    ended = 0
+    while ended < len(jobs):
+        index, piece = await _next_event(events, jobs, request)
+        early.append((index, piece))
+        if piece is not None:
+            return early
+        if jobs[index].future.exception() is not None:
+            _cancel_all(jobs)
+            jobs[index].result()  # raises
+        ended += 1
+    return early
+
+
 async def _event_stream(
-    job: Job[GenerationResult],
-    first: str | None,
-    pieces: asyncio.Queue[str | None],
-    reply: _ReplyFormat,
+    jobs: Sequence[Job[GenerationResult]],
+    early: list[ChoiceEvent],
+    events: asyncio.Queue[ChoiceEvent],
+    replies: Sequence[_ReplyFormat],
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
+    """Every choice's chunks as they come, each with its own index, then usage and [DONE];
+    an error after the stream started goes in it as an event, and [DONE] still ends it."""
     try:
-        for chunk in reply.opening():
-            yield _sse(chunk)
-        piece = first
-        while piece is not None:
-            for chunk in reply.pieces(piece):
-                yield _sse(chunk)
-            piece = await pieces.get()
-        try:
-            result = job.result()
-        except Exception as exc:  # the stream has started: the error goes in it, then [DONE]
-            yield _sse({"error": _error_body(exc)})
-            yield b"data: [DONE]\n\n"
-            return
-        for chunk in reply.closing(result, include_usage):
-            yield _sse(chunk)
+        for index, reply in enumerate(replies):
+            for chunk in reply.opening():
+                yield _sse(choices.with_choice_index(chunk, index))
+        results: dict[int, GenerationResult] = {}
+        while len(results) < len(jobs):
+            index, piece = early.pop(0) if early else await events.get()
+            if piece is not None:
+                chunks = replies[index].pieces(piece)
+            else:
+                try:
+                    results[index] = jobs[index].result()
+                except Exception as exc:
+                    yield _sse({"error": _error_body(exc)})
+                    break
+                chunks = replies[index].closing(results[index], False)
+            for chunk in chunks:
+                yield _sse(choices.with_choice_index(chunk, index))
+        else:
+            if include_usage:
+                in_order = [results[index] for index in range(len(jobs))]
+                yield _sse(_usage_chunk(replies[0], _total_usage(_plans(replies), in_order)))
         yield b"data: [DONE]\n\n"
     finally:
-        if not job.done():  # the client went away mid-stream
-            job.cancel()
+        _cancel_all(jobs)  # those still running: the client went away, or a choice failed
+
+
+def _plans(replies: Sequence[_ReplyFormat]) -> list[GenerationPlan]:
+    return [reply.plan for reply in replies]
+
+
+def _usage_chunk(reply: _ReplyFormat, usage: dict[str, int]) -> dict[str, Any]:
+    kind = "text_completion" if reply.plan.kind == "text_completion" else "chat.completion.chunk"
+    chunk = reply._envelope(kind, [])
+    chunk["usage"] = usage
+    return chunk
 
 
 def _error_body(exc: Exception) -> dict[str, Any]:
@@ -439,6 +687,15 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
+# Proxies (nginx) buffer a response unless told not to, and a stream then arrives all at once.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
+    """A server-sent-event stream of `events` (each already framed, e.g. by `_sse`)."""
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
 class _ReplyFormat:
     """Builds OpenAI response bodies and stream chunks for one request."""
 
@@ -449,6 +706,15 @@ class _ReplyFormat:
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.tool_stream = structured.ToolCallStream(plan.tools) if plan.tools else None
+        self.logprobs = StreamedLogprobs()
+
+    def _logprobs_of(self, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        """A choice's `logprobs`: null unless asked for, and for tool calls."""
+        if self.plan.sampling.logprobs is None or self.plan.tools:
+            return None
+        if self.plan.kind == "text_completion":
+            return completion_logprobs(entries, len(self.plan.prompt or ""))
+        return chat_logprobs(entries)
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -464,26 +730,40 @@ class _ReplyFormat:
     def whole(self, result: GenerationResult) -> dict[str, Any]:
         finish = FINISH_REASONS.get(result.metrics.stop_reason, "stop")
         if self.plan.kind == "text_completion":
-            choice = {"index": 0, "text": result.text, "finish_reason": finish, "logprobs": None}
+            logprobs = self._logprobs_of(result.logprobs or ())
+            choice = {
+                "index": 0,
+                "text": result.text,
+                "finish_reason": finish,
+                "logprobs": logprobs,
+            }
             body = self._envelope("text_completion", [choice])
         else:
             message, finish = self._message(result.text, finish)
+            logprobs = self._logprobs_of(result.logprobs or ())
             body = self._envelope(
-                "chat.completion", [{"index": 0, "message": message, "finish_reason": finish}]
+                "chat.completion",
+                [{"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}],
             )
         body["usage"] = _usage(result)
         return body
 
     def _message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
-        call = structured.parse_tool_call(text, self.plan.tools) if self.plan.tools else None
-        if call is None:
-            return {"role": "assistant", "content": text}, finish
-        tool_call = {
-            "id": call.id,
-            "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments},
-        }
-        return {"role": "assistant", "content": None, "tool_calls": [tool_call]}, "tool_calls"
+        cut_off = finish == "length"
+        tools = self.plan.tools
+        calls = structured.parse_tool_calls(text, tools, cut_off=cut_off) if tools else None
+        if calls is None:
+            return {"role": "assistant", "content": text, "refusal": None}, finish
+        tool_calls = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in calls
+        ]
+        message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": tool_calls}
+        return message, "length" if cut_off else "tool_calls"
 
     # streams
 
@@ -493,16 +773,17 @@ class _ReplyFormat:
         return [self._chunk({"role": "assistant", "content": ""}, None)]
 
     def pieces(self, piece: str) -> list[dict[str, Any]]:
+        logprobs = self._logprobs_of(self.logprobs.take(piece))
         if self.plan.kind == "text_completion":
-            choice = {"index": 0, "text": piece, "finish_reason": None, "logprobs": None}
+            choice = {"index": 0, "text": piece, "finish_reason": None, "logprobs": logprobs}
             return [self._envelope("text_completion", [choice])]
         if self.tool_stream is None:
-            return [self._chunk({"content": piece}, None)]
+            return [self._chunk({"content": piece}, None, logprobs)]
         return [self._chunk(delta, None) for delta in self.tool_stream.feed(piece)]
 
     def closing(self, result: GenerationResult, include_usage: bool) -> list[dict[str, Any]]:
         finish = FINISH_REASONS.get(result.metrics.stop_reason, "stop")
-        chunks = []
+        chunks = self._unsent_logprobs(result)
         if self.plan.kind == "text_completion":
             choice = {"index": 0, "text": "", "finish_reason": finish, "logprobs": None}
             chunks.append(self._envelope("text_completion", [choice]))
@@ -524,8 +805,22 @@ class _ReplyFormat:
             chunks.append(usage_chunk)
         return chunks
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    def _unsent_logprobs(self, result: GenerationResult) -> list[dict[str, Any]]:
+        """A chunk with the entries no piece carried (text a stop sequence cut through, a
+        reply checked against its schema before it was sent)."""
+        rest = self.logprobs.rest(result)
+        logprobs = self._logprobs_of(rest)
+        if not rest or logprobs is None:
+            return []
+        if self.plan.kind == "text_completion":
+            choice = {"index": 0, "text": "", "finish_reason": None, "logprobs": logprobs}
+            return [self._envelope("text_completion", [choice])]
+        return [self._chunk({"content": ""}, None, logprobs)]
+
+    def _chunk(
+        self, delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         return self._envelope("chat.completion.chunk", [choice])
 
 
@@ -586,7 +881,7 @@ class _Relay:
             return Response(status_code=499)
         if first is None:
             job.result()  # an error before the first event gets a proper status
-        return StreamingResponse(self._stream(first, events, job), media_type="text/event-stream")
+        return sse_response(self._stream(first, events, job))
 
     def _run_whole(self, engine: LoadedEngine | None, cancel: Any) -> dict[str, Any] | None:
         return _remote(engine).relay(self.route, self.payload, cancel=cancel)
@@ -609,9 +904,8 @@ class _Relay:
                 event = await events.get()
             try:
                 job.result()
-            except HearthsideError as exc:
-                yield _sse({"error": json.loads(bytes(error_response(exc).body))["error"]})
-                return
+            except Exception as exc:  # the stream has started: the error goes in it
+                yield _sse({"error": _error_body(exc)})
             yield b"data: [DONE]\n\n"
         finally:
             if not job.done():  # the client went away mid-stream
@@ -632,10 +926,15 @@ async def _first_event(
 ) -> T | None:
     """The stream's first event (None when the job ended without one); polls for the client
     leaving while the engine (or the remote) evaluates the prompt."""
+    return await _next_event(events, [job], request)
+
+
+async def _next_event(events: asyncio.Queue[T], jobs: Sequence[Job[Any]], request: Request) -> T:
+    """The next event of `jobs`' stream, cancelling them all if the client leaves first."""
     while True:
         try:
             return await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
         except TimeoutError:
             if await request.is_disconnected():
-                job.cancel()
+                _cancel_all(jobs)
                 raise ClientGone() from None

@@ -14,6 +14,7 @@ from hearthside.core.errors import HearthsideError
 from hearthside.core.server.app import RequestCounter, ServerSettings, create_app
 from hearthside.core.server.http_protocol import HttpLimits, protocol_with
 from hearthside.core.server.keys import check_bind_is_safe
+from hearthside.core.server.model_pool import ModelPool, OnDemandModels
 
 START_TIMEOUT_S = 10.0
 # Requests with more header bytes than this are refused (431) by the HTTP protocol.
@@ -43,17 +44,31 @@ def check_bind_address(host: str) -> None:
         )
 
 
+def model_pool(
+    settings: ServerSettings, service: EngineService, on_demand: OnDemandModels | None
+) -> ModelPool:
+    """The models the API answers for: `service`'s, and (with `on_demand`) any installed one."""
+    return ModelPool(
+        service,
+        settings.model_id,
+        on_demand,
+        max_loaded=settings.max_on_demand_models,
+        created_s=settings.created_at,
+    )
+
+
 def uvicorn_config(
     settings: ServerSettings,
     service: EngineService,
     counter: RequestCounter | None = None,
     limits: HttpLimits | None = None,
+    pool: ModelPool | None = None,
 ) -> uvicorn.Config:
     check_bind_address(settings.host)
     check_bind_is_safe(settings.host, settings.api_key)
     limits = limits or HttpLimits()
     return uvicorn.Config(
-        create_app(settings, service, counter),
+        create_app(settings, service, counter, pool),
         host=settings.host,
         port=settings.port,
         http=protocol_with(limits),
@@ -69,11 +84,17 @@ class ServerController:
     """The API on a background thread; `start()` returns once it accepts connections."""
 
     def __init__(
-        self, settings: ServerSettings, service: EngineService, limits: HttpLimits | None = None
+        self,
+        settings: ServerSettings,
+        service: EngineService,
+        limits: HttpLimits | None = None,
+        on_demand: OnDemandModels | None = None,
     ) -> None:
         self.settings = settings
         self._counter = RequestCounter()
-        self._server = uvicorn.Server(uvicorn_config(settings, service, self._counter, limits))
+        self.pool = model_pool(settings, service, on_demand)
+        config = uvicorn_config(settings, service, self._counter, limits, self.pool)
+        self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="hearthside-api", daemon=True)
 
     @property
@@ -105,8 +126,15 @@ class ServerController:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+        self.pool.stop()
 
 
-def serve_foreground(settings: ServerSettings, service: EngineService) -> None:
+def serve_foreground(
+    settings: ServerSettings, service: EngineService, on_demand: OnDemandModels | None = None
+) -> None:
     """Run until Ctrl-C (uvicorn handles the signal and shuts down cleanly)."""
-    uvicorn.Server(uvicorn_config(settings, service)).run()
+    pool = model_pool(settings, service, on_demand)
+    try:
+        uvicorn.Server(uvicorn_config(settings, service, pool=pool)).run()
+    finally:
+        pool.stop()

@@ -4,7 +4,12 @@ The stock converter writes `maxLength: n` as `(char (char (char ...)?)?)?`, n gr
 llama.cpp's recursive grammar parser refuses that past about 1000 and overflows its stack
 (SIGSEGV) near 18700. Here a length or item count becomes flat `{m,n}` repetitions of named
 rules instead, split into chunks below llama.cpp's ceiling of 2000 for one count (above it,
-llama.cpp would quietly drop the upper bound).
+llama.cpp would quietly drop the upper bound). Integer `minimum`/`maximum` bounds become
+exact rules, number bounds limit the whole part (core/server/number_grammar.py).
+
+`enforced_by_grammar` says whether the grammar alone makes every reply valid; where it does
+not (`multipleOf`, `uniqueItems`, a number's fraction, ...) the reply validator catches the
+rest (core/server/validation.py).
 
 Every rule the converter adds is counted against a step budget, a deadline and a size cap, so
 a schema that would take long (the optional-property rules grow with the square of their
@@ -15,8 +20,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from llama_cpp.llama_grammar import (
     PRIMITIVE_RULES,
@@ -26,7 +31,14 @@ from llama_cpp.llama_grammar import (
 )
 
 from hearthside.core.engine.grammar_limits import MAX_GRAMMAR_BYTES
-from hearthside.core.server.schema_limits import StructuredOutputError
+from hearthside.core.server.number_grammar import (
+    UnwritableBound,
+    integer_bounds,
+    integer_range,
+    number_bounds,
+    number_range,
+)
+from hearthside.core.server.schema_limits import StructuredOutputError, subschemas
 
 # Items per chunk: a `{m,n}` count stays at most this, half of llama.cpp's ceiling.
 CHUNK = 1000
@@ -34,6 +46,7 @@ MAX_CONVERSION_STEPS = 200_000
 CONVERSION_SECONDS = 2.0
 # Keys that send the stock `visit` elsewhere before it reaches arrays or string lengths.
 _EARLIER_BRANCHES = frozenset({"$ref", "oneOf", "anyOf", "const", "enum"})
+T = TypeVar("T")
 _HINT = "Simplify the schema: fewer properties, alternatives or `$ref`s that repeat each other."
 
 
@@ -76,11 +89,29 @@ class BoundedSchemaConverter(SchemaConverter):
 
     def visit(self, schema: Mapping[str, Any], name: str) -> str:
         rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
+        if _is_bounded(schema, "integer"):
+            whole = _bounds(integer_bounds, schema)
+            return self._alternatives(integer_range(*whole), rule_name, "integer", schema)
+        if _is_bounded(schema, "number"):
+            real = _bounds(number_bounds, schema)
+            return self._alternatives(number_range(*real), rule_name, "number", schema)
+        if _is_untyped_value(schema):
+            return self._add_rule(rule_name, self._add_primitive("value", PRIMITIVE_RULES["value"]))
         if _is_length_bounded_string(schema):
             return self._bounded_string(schema, rule_name)
         if _is_array_of_items(schema):
             return self._array(schema, name, rule_name)
         return str(super().visit(schema, name))
+
+    def _alternatives(
+        self, alternatives: list[str], rule_name: str, kind: str, schema: Mapping[str, Any]
+    ) -> str:
+        if not alternatives:
+            raise StructuredOutputError(
+                f"No {kind} satisfies the bounds {_bounds_text(schema)}; no reply could follow "
+                "the schema."
+            )
+        return self._add_rule(rule_name, f"({' | '.join(alternatives)}) space")
 
     def _bounded_string(self, schema: Mapping[str, Any], rule_name: str) -> str:
         char = str(self._add_primitive("char", PRIMITIVE_RULES["char"]))
@@ -130,6 +161,40 @@ class BoundedSchemaConverter(SchemaConverter):
 
 
 _UUID_FORMAT = re.compile(r"^uuid[1-5]?$")
+BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+# Keys the stock `visit` branches on when a schema has no `type`.
+_UNTYPED_BRANCHES = frozenset(
+    {"$ref", "oneOf", "anyOf", "const", "enum", "properties", "additionalProperties", "allOf",
+     "items", "prefixItems", "pattern", "format"}
+)  # fmt: skip
+
+
+def _is_untyped_value(schema: Mapping[str, Any]) -> bool:
+    """A schema with no type and none of the keys the stock `visit` needs (`{"title": ...}`,
+    as Pydantic writes `Any`; `{"multipleOf": 2}`), which it would refuse: any JSON value."""
+    return bool(schema) and "type" not in schema and not _UNTYPED_BRANCHES & schema.keys()
+
+
+def _is_bounded(schema: Mapping[str, Any], kind: str) -> bool:
+    """Whether the stock `visit` would write this schema as a plain `kind` that has bounds."""
+    if schema.get("type") != kind or _EARLIER_BRANCHES & schema.keys():
+        return False
+    return any(keyword in schema for keyword in BOUND_KEYWORDS)
+
+
+def _bounds(read: Callable[[dict[str, object]], T], schema: Mapping[str, Any]) -> T:
+    try:
+        return read(dict(schema))
+    except UnwritableBound as exc:
+        raise StructuredOutputError(
+            f"The JSON schema's bounds {_bounds_text(schema)} cannot be met: {exc}."
+        ) from None
+
+
+def _bounds_text(schema: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key} {schema[key]}" for key in BOUND_KEYWORDS if key in schema)
 
 
 def _is_length_bounded_string(schema: Mapping[str, Any]) -> bool:
@@ -161,3 +226,85 @@ def _item_schema(schema: Mapping[str, Any]) -> Any:
 def _is_object_like(schema: Mapping[str, Any]) -> bool:
     extra = schema.get("additionalProperties", True)
     return "properties" in schema or extra is not True or "allOf" in schema
+
+
+# ---- what the grammar enforces ---------------------------------------------------------------
+
+# Keywords that constrain a value (JSON Schema's applicator and validation vocabularies);
+# anything else is an annotation (title, description, default, ...) or a container ($defs).
+CONSTRAINT_KEYWORDS = frozenset(
+    {
+        "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+        "exclusiveMinimum", "maxLength", "minLength", "pattern", "format", "maxItems",
+        "minItems", "uniqueItems", "maxContains", "minContains", "contains", "maxProperties",
+        "minProperties", "required", "dependentRequired", "properties", "patternProperties",
+        "additionalProperties", "propertyNames", "items", "prefixItems", "additionalItems",
+        "unevaluatedItems", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "if",
+        "then", "else", "dependentSchemas", "dependencies", "$ref", "$dynamicRef",
+        "$recursiveRef",
+    }
+)  # fmt: skip
+_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
+_ARRAY_KEYWORDS = frozenset({"type", "items", "prefixItems", "minItems", "maxItems"})
+_TUPLE_KEYWORDS = frozenset({"type", "items", "prefixItems"})
+
+
+def enforced_by_grammar(schema: Any) -> bool:
+    """Whether the converter's grammar for `schema` admits only values the schema accepts:
+    every constraint in every subschema is one the branch `visit` takes writes into the
+    grammar. False for `oneOf` (written as `anyOf`), `allOf`, `uniqueItems`, number bounds."""
+    pending: list[Any] = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, bool):
+            if not node:
+                return False
+            continue
+        if not isinstance(node, Mapping):
+            return False
+        if not CONSTRAINT_KEYWORDS.intersection(node) <= _written_keywords(node):
+            return False
+        pending.extend(child for _, child in subschemas(node, ""))
+    return True
+
+
+def _written_keywords(schema: Mapping[str, Any]) -> frozenset[str]:
+    """The constraint keywords of `schema` that the converter's branch for it writes (the
+    branches in the order the stock `visit` tries them)."""
+    kind = schema.get("type")
+    if "$ref" in schema:
+        return frozenset({"$ref"})
+    if "oneOf" in schema:
+        return frozenset()
+    if "anyOf" in schema:
+        return frozenset({"anyOf"})
+    if isinstance(kind, list):
+        return frozenset({"type"})
+    for keyword in ("const", "enum"):
+        if keyword in schema:
+            return frozenset({keyword})
+    if kind in (None, "object") and _is_object_like(schema):
+        return _object_keywords(schema)
+    if kind in (None, "array") and ("items" in schema or "prefixItems" in schema):
+        return _ARRAY_KEYWORDS if isinstance(_item_schema(schema), Mapping) else _TUPLE_KEYWORDS
+    if kind in (None, "string") and "pattern" in schema:
+        return frozenset({"type", "pattern"})
+    if kind in (None, "string") and _UUID_FORMAT.match(schema.get("format") or ""):
+        return frozenset({"type", "format"})
+    if kind == "string" and "format" not in schema:
+        return frozenset({"type", "minLength", "maxLength"})
+    if kind == "integer":
+        return frozenset({"type", *BOUND_KEYWORDS})
+    return frozenset({"type"})
+
+
+def _object_keywords(schema: Mapping[str, Any]) -> frozenset[str]:
+    properties = schema.get("properties", {})
+    extra = schema.get("additionalProperties")
+    if "properties" not in schema and (extra is None or extra is True):
+        return frozenset()  # the converter's `allOf` branch merges properties loosely
+    required = schema.get("required", [])
+    names = list(properties) if isinstance(properties, Mapping) else []
+    if not isinstance(required, list) or any(name not in names for name in required):
+        return frozenset()  # a required name the properties never list is not forced
+    return _OBJECT_KEYWORDS

@@ -33,16 +33,10 @@ MAX_PATTERN_LENGTH = 1024
 # Each `{m,n}` in a pattern nests n groups in the grammar; this keeps under its nesting limit.
 MAX_PATTERN_REPEAT = 200
 
-# Validation keywords llama.cpp's schema converter drops silently: a reply could break them.
-UNENFORCEABLE_KEYWORDS = frozenset(
-    {
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-        "patternProperties", "propertyNames", "minProperties", "maxProperties",
-        "uniqueItems", "contains", "minContains", "maxContains",
-        "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef",
-    }
-)  # fmt: skip
+# Keywords that need dynamic scopes, which neither the grammar nor the validator set-up here
+# resolves. Every other keyword is met: by the grammar, or by validating the reply (and
+# sampling again), see core/server/validation.py.
+UNSUPPORTED_KEYWORDS = frozenset({"$dynamicRef", "$recursiveRef"})
 SCHEMA_MAP_KEYWORDS = ("properties", "$defs", "definitions")
 SCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SCHEMA_VALUE_KEYWORDS = ("items", "additionalProperties")
@@ -105,7 +99,8 @@ def _check_subschema(schema: Any, path: str, depth: int, tally: _Tally) -> None:
             f"(at {path}).",
             hint=_HINT,
         )
-    _check_enforceable(schema, path)
+    _check_supported(schema, path)
+    _check_bounds(schema, path)
     _check_ref(schema, path)
     _check_lengths(schema, path)
     _check_constants(schema, path, tally)
@@ -136,14 +131,37 @@ def subschemas(schema: Mapping[str, Any], path: str) -> Iterator[tuple[str, Any]
                 yield f"{path}.{keyword}[{index}]", item
 
 
-def _check_enforceable(schema: Mapping[str, Any], path: str) -> None:
-    unenforceable = sorted(UNENFORCEABLE_KEYWORDS.intersection(schema))
-    if unenforceable:
-        keyword = unenforceable[0]
+def _check_supported(schema: Mapping[str, Any], path: str) -> None:
+    unsupported = sorted(UNSUPPORTED_KEYWORDS.intersection(schema))
+    if unsupported:
+        keyword = unsupported[0]
         raise StructuredOutputError(
-            f"The JSON schema uses `{keyword}` (at {path}), which Hearthside cannot enforce.",
-            hint=f"Remove `{keyword}` from the schema and check that value yourself.",
+            f"The JSON schema uses `{keyword}` (at {path}), which Hearthside does not support.",
+            hint="Use a local `$ref` (`#/$defs/...`) instead.",
         )
+
+
+def _check_bounds(schema: Mapping[str, Any], path: str) -> None:
+    """Refuses a lower bound above the upper one (a number range no value can meet)."""
+    lows = [
+        (key, schema[key]) for key in ("minimum", "exclusiveMinimum") if _is_number(schema, key)
+    ]
+    highs = [
+        (key, schema[key]) for key in ("maximum", "exclusiveMaximum") if _is_number(schema, key)
+    ]
+    for low_key, low in lows:
+        for high_key, high in highs:
+            inclusive = low_key == "minimum" and high_key == "maximum"
+            if low > high or (low == high and not inclusive):
+                raise StructuredOutputError(
+                    f"The JSON schema's `{low_key}` ({low}) is not below its `{high_key}` "
+                    f"({high}) (at {path}); no reply could satisfy both."
+                )
+
+
+def _is_number(schema: Mapping[str, Any], keyword: str) -> bool:
+    value = schema.get(keyword)
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_ref(schema: Mapping[str, Any], path: str) -> None:

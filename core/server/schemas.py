@@ -6,9 +6,13 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from hearthside.core.engine.config import MAX_TOP_LOGPROBS
 
 MAX_STOP_SEQUENCES = 4
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound for completions' `logprobs`
+MAX_CHOICES = 8  # per request (prompts × n): each is a job in the bounded queue
 # JSON's "\ud800" decodes to a lone surrogate, which no UTF-8 encoder (nor llama.cpp) takes.
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -82,7 +86,7 @@ class _Sampling(_TextChecked):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0, description="llama.cpp extension")
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int = Field(default=1, ge=1, le=1, description="Only one choice is generated.")
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES, description="Choices, each its own generation.")
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stream: bool = False
@@ -109,23 +113,36 @@ class ChatCompletionRequest(_Sampling):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    # Unset or true (OpenAI's default): one reply may hold several tool calls.
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _check_top_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs set to true")  # as OpenAI refuses it
+        return value
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def logprob_count(self) -> int | None:
+        """Alternatives to report per token; None: no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] = Field(min_length=1)
-
-    def prompt_text(self) -> str:
-        if isinstance(self.prompt, str):
-            return self.prompt
-        if len(self.prompt) != 1:
-            raise ValueError("send exactly one prompt per request")
-        return self.prompt[0]
+    # Text, texts (one set of choices each), token ids, or lists of token ids.
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens or 16  # OpenAI's default for completions
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
 
 class EmbeddingRequest(_TextChecked):

@@ -3,13 +3,14 @@
 Everything here is pure: request fields in, GBNF grammars, prompts and parsed replies out. The
 grammar makes the model's reply follow the shape; the parsers turn that reply into OpenAI's.
 
-A tool call is the reply `{"name": "<tool>", "arguments": {...}}`. Its `arguments` text is the
-model's own substring of that value, so the streamed pieces and the non-streamed `ToolCall`
-carry exactly the same string.
+A tool call is the reply `{"name": "<tool>", "arguments": {...}}`; several calls in one reply
+are a JSON array of such objects. Its `arguments` text is the model's own substring of that
+value, so the streamed pieces and the non-streamed `ToolCall` carry exactly the same string.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
@@ -37,12 +38,18 @@ STRICT_JSON_CHAR_RULE = (
 )
 # Plain text in `auto` mode: whatever starts with neither "{" nor a space (the engine drops a
 # reply's leading spaces, so " {" would read as a tool call).
-PLAIN_TEXT_RULES = "plain-text ::= [^{ \\t\\r\\n] [^\\x00]*"
+PLAIN_TEXT_RULES = "plain-text ::= [^{[ \\t\\r\\n] [^\\x00]*"
 HEAD_RE = re.compile(
     r'[ \t\r\n]*\{[ \t\r\n]*"name"[ \t\r\n]*:[ \t\r\n]*("(?:[^"\\]|\\.)*")'
     r'[ \t\r\n]*,[ \t\r\n]*"arguments"[ \t\r\n]*:[ \t\r\n]*'
 )
 WHITESPACE = " \t\r\n"
+# Several calls are an array the model opens with "[": a model that writes one call's object
+# is done (Gemma 3 270M repeats a call, one per line, until the limit, given the choice).
+MAX_PARALLEL_CALLS = 8
+CALL_FORMAT = (
+    '{"name": <tool name>, "arguments": <an object that follows the tool\'s parameters schema>}'
+)
 # What llama.cpp's converter raises on schemas it cannot handle (it asserts a lot).
 _CONVERTER_FAILURES = (
     AssertionError,
@@ -189,14 +196,21 @@ def _parse_tool(tool: Any, where: str) -> ToolSpec:
     return ToolSpec(name=name, description=description, parameters=copy.deepcopy(dict(parameters)))
 
 
-def tool_prompt(tools: Sequence[ToolSpec]) -> str:
-    """A system-message paragraph that lists the tools and says how to call one."""
+def tool_prompt(tools: Sequence[ToolSpec], *, parallel: bool = True) -> str:
+    """A system-message paragraph that lists the tools and says how to call them."""
     listed = "\n".join(_tool_line(tool) for tool in tools)
+    how = (
+        "To call a tool, reply with a JSON object and nothing else: " + CALL_FORMAT + ". When "
+        "the request needs several calls (the same tool for two cities, say), reply with a "
+        "JSON array of such objects instead, one per call."
+        if parallel
+        else "To call one, reply with exactly one JSON object and nothing else: "
+        + CALL_FORMAT
+        + "."
+    )
     return (
-        "You can call the tools listed below. To call one, reply with exactly one JSON object "
-        'and nothing else: {"name": <tool name>, "arguments": <an object that follows the '
-        "tool's parameters schema>}. To answer without a tool, reply in plain text that does "
-        'not start with "{".\n'
+        f"You can call the tools listed below. {how} To answer without a tool, reply in plain "
+        'text that does not start with "{".\n'
         f"Tools:\n{listed}"
     )
 
@@ -207,20 +221,31 @@ def _tool_line(tool: ToolSpec) -> str:
     return f"- {tool.name}{description} Parameters (JSON schema): {schema}"
 
 
+def allows_parallel_calls(tool_choice: Any, parallel_tool_calls: bool | None) -> bool:
+    """Whether a reply may make several calls: unless the request says no (OpenAI's default
+    is yes) or names the one function to call."""
+    return parallel_tool_calls is not False and not isinstance(tool_choice, Mapping)
+
+
 def grammar_for_tools(
-    tools: Sequence[ToolSpec], tool_choice: str | Mapping[str, Any] | None
+    tools: Sequence[ToolSpec],
+    tool_choice: str | Mapping[str, Any] | None,
+    *,
+    parallel: bool = True,
 ) -> str | None:
-    """The grammar a `tool_choice` asks for; None when the reply is free text."""
+    """The grammar a `tool_choice` asks for; None when the reply is free text. With `parallel`
+    a reply may instead be a JSON array of 1 to MAX_PARALLEL_CALLS calls."""
     choice = "auto" if tool_choice is None else tool_choice
     if choice == "none" or (not tools and choice == "auto"):
         return None
     if choice == "auto":
-        return _tool_grammar(tools, allow_plain_text=True)
+        return _tool_grammar(tools, allow_plain_text=True, parallel=parallel)
     if choice == "required":
         if not tools:
             raise StructuredOutputError('tool_choice "required" needs at least one tool.')
-        return _tool_grammar(tools, allow_plain_text=False)
-    return _tool_grammar([_named_tool(tools, choice)], allow_plain_text=False)
+        return _tool_grammar(tools, allow_plain_text=False, parallel=parallel)
+    named = [_named_tool(tools, choice)]
+    return _tool_grammar(named, allow_plain_text=False, parallel=False)  # see allows_parallel_calls
 
 
 def _named_tool(tools: Sequence[ToolSpec], choice: Any) -> ToolSpec:
@@ -237,7 +262,7 @@ def _named_tool(tools: Sequence[ToolSpec], choice: Any) -> ToolSpec:
     raise StructuredOutputError(f"tool_choice names {name!r}, which is not among the tools.")
 
 
-def _tool_grammar(tools: Sequence[ToolSpec], *, allow_plain_text: bool) -> str:
+def _tool_grammar(tools: Sequence[ToolSpec], *, allow_plain_text: bool, parallel: bool) -> str:
     if len(tools) == 1:
         schema = _call_schema(tools[0], "#/properties/arguments")
     else:  # llama.cpp's converter resolves refs through objects only, never list indices
@@ -248,6 +273,11 @@ def _tool_grammar(tools: Sequence[ToolSpec], *, allow_plain_text: bool) -> str:
         schema = {"$defs": calls, "anyOf": [{"$ref": f"#/$defs/{name}"} for name in calls]}
     builder = _GrammarBuilder()
     call_rule = builder.add_schema(schema, "tool-call")
+    if parallel:
+        more = f'"," space {call_rule}'
+        call_rule = (
+            f'({call_rule} | "[" space {call_rule} ({more}){{0,{MAX_PARALLEL_CALLS - 1}}} "]")'
+        )
     if allow_plain_text:
         return builder.grammar(f'" "? ({call_rule} | plain-text)', PLAIN_TEXT_RULES)
     return builder.grammar(f'" "? {call_rule}')
@@ -299,21 +329,77 @@ def new_tool_call_id() -> str:
 
 
 def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall | None:
-    """The tool call `text` makes, or None when it is a plain answer (or not a valid call)."""
+    """The one tool call `text` makes, or None when it is a plain answer, not a valid call,
+    or several calls."""
+    calls = parse_tool_calls(text, tools)
+    return calls[0] if calls is not None and len(calls) == 1 else None
+
+
+def parse_tool_calls(
+    text: str, tools: Sequence[ToolSpec], *, cut_off: bool = False
+) -> tuple[ToolCall, ...] | None:
+    """The tool calls `text` makes (one call's JSON object, or a JSON array of them), or None
+    when it is a plain answer or anything in it is not a valid call. With `cut_off` (the
+    token limit ended the reply) an array's unfinished last call is left out, as a stream
+    would have sent the calls before it."""
     stripped = text.strip(WHITESPACE)
-    if not stripped.startswith("{"):
-        return None
-    try:
-        reply = json.loads(stripped)
-    except ValueError:
-        return None
+    names = {tool.name for tool in tools}
+    if stripped.startswith("["):
+        return _parse_calls(stripped[1:], names, in_list=True, cut_off=cut_off)
+    calls = _parse_calls(stripped, names, in_list=False, cut_off=False)
+    return calls if calls is not None and len(calls) == 1 else None
+
+
+def _parse_calls(
+    text: str, names: set[str], *, in_list: bool, cut_off: bool
+) -> tuple[ToolCall, ...] | None:
+    """Calls one after another in `text` (comma-separated up to a "]" when `in_list`)."""
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    index = _skip_space(text, 0)
+    while index < len(text):
+        if in_list and text[index] == "]":
+            closed = _skip_space(text, index + 1) == len(text)
+            return tuple(calls) or None if closed else None
+        if text[index] != "{":
+            return None
+        try:
+            reply, end = decoder.raw_decode(text, index)
+        except ValueError:
+            return tuple(calls) if cut_off and calls else None
+        call = _call_from(text[index:end], reply, names)
+        if call is None:
+            return None
+        calls.append(call)
+        index = _skip_space(text, end)
+        if in_list and index < len(text) and text[index] == ",":
+            index = _skip_space(text, index + 1)
+    return tuple(calls) if calls and (cut_off or not in_list) else None
+
+
+def _call_from(text: str, reply: Any, names: set[str]) -> ToolCall | None:
     if not isinstance(reply, dict) or not isinstance(reply.get("arguments"), dict):
         return None
     name = reply.get("name")
-    if not isinstance(name, str) or name not in {tool.name for tool in tools}:
+    if not isinstance(name, str) or name not in names:
         return None
-    start, end = _member_spans(stripped)["arguments"]
-    return ToolCall(id=new_tool_call_id(), name=name, arguments=stripped[start:end])
+    start, end = _member_spans(text)["arguments"]
+    return ToolCall(id=new_tool_call_id(), name=name, arguments=text[start:end])
+
+
+def render_tool_calls(tool_calls: Sequence[Mapping[str, Any]]) -> str:
+    """An assistant message's OpenAI `tool_calls` as the model writes calls: one
+    `{"name": ..., "arguments": {...}}`, or an array of them (arguments that are no JSON stay
+    text)."""
+    rendered: list[dict[str, Any]] = []
+    for call in tool_calls:
+        function = call.get("function")
+        function = function if isinstance(function, Mapping) else {}
+        arguments = function.get("arguments", "{}")
+        with contextlib.suppress(ValueError, RecursionError):
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        rendered.append({"name": function.get("name"), "arguments": arguments})
+    return json.dumps(rendered[0] if len(rendered) == 1 else rendered)
 
 
 def _member_spans(text: str) -> dict[str, tuple[int, int]]:
@@ -371,19 +457,23 @@ class ToolCallStream:
     """Turns streamed reply text into OpenAI `chat.completion.chunk` deltas.
 
     Text is held back until its first non-space character says what the reply is: "{" starts
-    a tool call, anything else is plain content. A tool call is announced (id and whole name)
-    once `"arguments":` has been seen; the arguments' characters then stream as they come, and
-    the outer object's closing brace is dropped. A call in another key order is sent whole by
-    `finish`, which also turns a "{" reply that is no valid call into content.
+    a tool call, "[" an array of them, anything else is plain content. A tool call is announced
+    (its `index`, id and whole name) once `"arguments":` has been seen; the arguments'
+    characters then stream as they come, and the outer object's closing brace is dropped. In
+    an array, the next "{" starts the next call, with the next index. A call in another key
+    order is sent whole by `finish` (with any calls after it), which also turns a "{" reply
+    that is no valid call into content.
     """
 
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
         self._tools = tuple(tools)
         self._names = {tool.name for tool in tools}
-        self.tool_call_id = new_tool_call_id()
-        self._mode = "undecided"  # -> "content" | "head" | "arguments" | "whole"
+        self.tool_call_ids: list[str] = []  # one per call announced, in order
+        self._mode = "undecided"  # -> "content" | "head" | "arguments" | "between" | "whole"
         self._held = ""
         self._arguments = _JsonValueEnd()
+        self._in_list = False  # the reply is an array of calls
+        self._call_open = False  # a streamed call's closing brace is still to come
 
     def feed(self, piece: str) -> list[dict[str, Any]]:
         """The deltas `piece` makes ready."""
@@ -396,17 +486,30 @@ class ToolCallStream:
             return self._decide()
         if self._mode == "head":
             return self._try_head()
+        if self._mode == "between":
+            return self._try_next_call()
         return []
 
     def finish(self) -> tuple[list[dict[str, Any]], str]:
         """The deltas still held back, and the finish_reason ("tool_calls" or "stop")."""
-        if self._mode == "arguments":
+        if self._mode in ("arguments", "between"):
             return [], "tool_calls"
         if self._mode in ("head", "whole"):
-            call = parse_tool_call(self._held, self._tools)
-            if call is not None:
-                self.tool_call_id = call.id
-                return [self._announce(call.name), *_arguments(call.arguments)], "tool_calls"
+            calls = _parse_calls(
+                self._held, self._names, in_list=self._in_list, cut_off=self._in_list
+            )
+            if not self._in_list and calls is not None and len(calls) != 1:
+                calls = None
+            if calls is not None:
+                deltas = []
+                for call in calls:
+                    deltas += [
+                        self._announce(call.name, call.id),
+                        *self._arguments_delta(call.arguments),
+                    ]
+                return deltas, "tool_calls"
+            if self.tool_call_ids:  # a later call cut short: the earlier ones stand
+                return [], "tool_calls"
         held, self._held = self._held, ""
         return _content(held), "stop"
 
@@ -417,6 +520,9 @@ class ToolCallStream:
         if stripped.startswith("{"):
             self._mode = "head"
             return self._try_head()
+        if stripped.startswith("["):
+            self._mode, self._in_list, self._held = "between", True, stripped[1:]
+            return self._try_next_call()
         self._mode = "content"
         held, self._held = self._held, ""
         return _content(held)
@@ -430,26 +536,45 @@ class ToolCallStream:
             self._mode = "whole"
             return []
         self._mode = "arguments"
+        self._arguments = _JsonValueEnd()
         rest, self._held = self._held[head.end() :], ""
-        return [self._announce(name), *self._stream_arguments(rest)]
+        return [self._announce(name, new_tool_call_id()), *self._stream_arguments(rest)]
 
     def _stream_arguments(self, piece: str) -> list[dict[str, Any]]:
         taken = 0
         while taken < len(piece) and not self._arguments.done:
             self._arguments.take(piece[taken])
             taken += 1
-        return _arguments(piece[:taken])
+        deltas = self._arguments_delta(piece[:taken])
+        if self._arguments.done:
+            self._mode, self._call_open, self._held = "between", True, piece[taken:]
+            deltas += self._try_next_call()
+        return deltas
 
-    def _announce(self, name: str) -> dict[str, Any]:
-        call = {"index": 0, "id": self.tool_call_id, "type": "function"}
+    def _try_next_call(self) -> list[dict[str, Any]]:
+        """Between calls: the last one's closing brace, then in an array "," and the next "{"."""
+        rest = self._held.lstrip(WHITESPACE)
+        if self._call_open:
+            if not rest.startswith("}"):
+                return []
+            rest, self._call_open = rest[1:], False
+        self._held = rest.lstrip(WHITESPACE + ",") if self._in_list else rest
+        if not (self._in_list and self._held.startswith("{")):
+            return []
+        self._mode = "head"
+        return self._try_head()
+
+    def _announce(self, name: str, call_id: str) -> dict[str, Any]:
+        self.tool_call_ids.append(call_id)
+        call = {"index": len(self.tool_call_ids) - 1, "id": call_id, "type": "function"}
         return {"tool_calls": [{**call, "function": {"name": name, "arguments": ""}}]}
+
+    def _arguments_delta(self, piece: str) -> list[dict[str, Any]]:
+        if not piece:
+            return []
+        index = len(self.tool_call_ids) - 1
+        return [{"tool_calls": [{"index": index, "function": {"arguments": piece}}]}]
 
 
 def _content(piece: str) -> list[dict[str, Any]]:
     return [{"content": piece}] if piece else []
-
-
-def _arguments(piece: str) -> list[dict[str, Any]]:
-    if not piece:
-        return []
-    return [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}]

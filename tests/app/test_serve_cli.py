@@ -56,14 +56,14 @@ def test_serve_answers_the_openai_client(default_model_file: Path, hearthside_ho
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
         question = [{"role": "user", "content": "What is the capital of France?"}]
         whole = client.chat.completions.create(
-            model="any",
+            model="default",
             messages=question,
             temperature=0,
             max_tokens=8,  # type: ignore[arg-type]
         )
         assert "Paris" in (whole.choices[0].message.content or "")
         streamed = client.chat.completions.create(
-            model="any",
+            model="default",
             messages=question,
             temperature=0,
             max_tokens=8,
@@ -134,9 +134,16 @@ class Stop(Exception):
     """Raised by the stand-in for config_for: the test has seen what it needs."""
 
 
-@pytest.mark.parametrize(("argv", "asked"), [([], None), (["--parallel", "6"], 6)])
-def test_serve_passes_parallel_to_the_load_settings(
-    argv: list[str], asked: int | None, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("argv", "asked"),
+    [
+        ([], (None, None, None)),
+        (["--parallel", "6"], (None, None, 6)),
+        (["--threads", "3", "--batch-threads", "5"], (3, 5, None)),
+    ],
+)
+def test_serve_passes_threads_and_parallel_to_the_load_settings(
+    argv: list[str], asked: tuple[int | None, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[object] = []
 
@@ -146,7 +153,7 @@ def test_serve_passes_parallel_to_the_load_settings(
 
     monkeypatch.setattr(serve_cli, "config_for", config_for)
     assert main(["serve", "--model", "m.gguf", "--ctx", "2048", *argv]) == 2
-    assert seen == [("m.gguf", 2048, None, None, asked)]  # None: the planner's choice
+    assert seen == [("m.gguf", 2048, *asked)]  # None: the planner's choice
 
 
 def test_serve_takes_parallel_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

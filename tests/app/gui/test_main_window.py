@@ -163,7 +163,7 @@ def test_stop_button_and_esc_stop_the_reply_within_250_ms(chat: MainWindow, qtbo
     latencies = []
     for stop in ("button", "esc"):
         send_with_ctrl_enter(qtbot, chat, LONG_PROMPT)
-        wait_for_text(qtbot, chat, 20)
+        wait_for_text(qtbot, chat, 1)  # stop early: a reply that ends by itself proves nothing
         with replied(qtbot, chat, timeout_ms=5_000) as finished:
             clicked = time.perf_counter()
             if stop == "button":
@@ -171,7 +171,8 @@ def test_stop_button_and_esc_stop_the_reply_within_250_ms(chat: MainWindow, qtbo
             else:
                 qtbot.keyClick(chat.chat_pane.input, Qt.Key.Key_Escape)
         latencies.append(time.perf_counter() - clicked)
-        assert finished.args[0].metrics.stop_reason == "cancelled"
+        result = finished.args[0]
+        assert result.metrics.stop_reason == "cancelled", (result.text, result.metrics)
         assert chat.session.mode == "idle"
     print(f"stop latency: button {latencies[0] * 1000:.0f} ms, Esc {latencies[1] * 1000:.0f} ms")
     assert max(latencies) < STOP_BUDGET_S

@@ -71,7 +71,7 @@ def ask(running: Running, prompt: str, max_tokens: int = 24, **extra: object) ->
 
 def test_models_lists_the_loaded_model(server: Running) -> None:
     models = server.client.models.list()
-    assert [model.id for model in models.data] == ["gemma-3-270m-q4_k_m"]
+    assert [model.id for model in models.data] == ["gemma-3-270m-q4_k_m", "default"]
 
 
 def test_chat_answers_with_usage_and_finish_reason(server: Running) -> None:
