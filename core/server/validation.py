@@ -107,7 +107,7 @@ class ReplyCheck:
     def is_free_text(self, text: str) -> bool:
         """Whether `text` (so far) is plain content, which no schema constrains."""
         stripped = text.lstrip(WHITESPACE)
-        return self.tool_validators is not None and bool(stripped) and stripped[0] != "{"
+        return self.tool_validators is not None and bool(stripped) and stripped[0] not in "{["
 
 
 def check_for_response_format(response_format: Mapping[str, Any] | None) -> ReplyCheck | None:

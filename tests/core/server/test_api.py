@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -50,12 +51,21 @@ def start_server(model: Path, max_queue: int) -> tuple[ServerController, EngineS
     return controller, service
 
 
+@contextmanager
+def serving(model: Path, max_queue: int) -> Iterator[Running]:
+    """A real server on loopback over its own EngineService, stopped afterwards."""
+    controller, service = start_server(model, max_queue)
+    try:
+        yield Running(controller, service)
+    finally:
+        controller.stop()
+        service.stop()
+
+
 @pytest.fixture(scope="module")
 def server(default_model_file: Path) -> Iterator[Running]:
-    controller, service = start_server(default_model_file, max_queue=32)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(default_model_file, max_queue=32) as running:
+        yield running
 
 
 def ask(running: Running, prompt: str, max_tokens: int = 24, **extra: object) -> str:

@@ -29,8 +29,12 @@ from hearthside.core.server.structured import (
     grammar_for_tools,
     parse_tools,
 )
-from hearthside.core.server.validation import MAX_ATTEMPTS, check_for_response_format
-from tests.core.server.test_api import Running, start_server
+from hearthside.core.server.validation import (
+    MAX_ATTEMPTS,
+    check_for_response_format,
+    check_for_tools,
+)
+from tests.core.server.test_api import Running, serving
 
 MODEL = "gemma-3-270m-q4_k_m"  # the id start_server gives whatever model it serves
 FAILED_ATTEMPT = "structured reply failed validation"
@@ -162,10 +166,8 @@ def test_hot_sampling_never_leaves_an_integer_range(engine: Engine) -> None:
 
 @pytest.fixture(scope="module")
 def server(chat_model_file: Path) -> Iterator[Running]:
-    controller, service = start_server(chat_model_file, max_queue=8)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(chat_model_file, max_queue=8) as running:
+        yield running
 
 
 class Person(BaseModel):
@@ -237,20 +239,44 @@ def test_a_held_back_stream_sends_only_a_valid_reply(server: Running) -> None:
     assert 0 <= json.loads(text)["level"] <= 1, text
 
 
-def test_a_bounded_tool_parameter_holds(server: Running) -> None:
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "set_volume",
-            "description": "Set the speaker volume.",
-            "parameters": {
-                "type": "object",
-                "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 10}},
-                "required": ["level"],
-                "additionalProperties": False,
-            },
+VOLUME_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "set_volume",
+        "description": "Set the speaker volume.",
+        "parameters": {
+            "type": "object",
+            "properties": {"level": {"type": "integer", "minimum": 0, "maximum": 10}},
+            "required": ["level"],
+            "additionalProperties": False,
         },
-    }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("reply", "broken"),
+    [
+        ('{"name": "set_volume", "arguments": {"level": 7}}', False),
+        ('{"name": "set_volume", "arguments": {"level": 70}}', True),
+        (
+            '[{"name": "set_volume", "arguments": {"level": 3}}, '
+            '{"name": "set_volume", "arguments": {"level": 30}}]',
+            True,
+        ),
+        ("Sure, the volume is set.", False),  # plain text in `auto` mode: no schema applies
+    ],
+)
+def test_every_call_of_a_reply_is_checked_one_or_several(reply: str, broken: bool) -> None:
+    check = check_for_tools(parse_tools([VOLUME_TOOL]))
+    problems = check.problems(reply)
+    assert bool(problems) is broken, problems
+    if broken:
+        assert "set_volume arguments['level']" in problems[0]
+
+
+def test_a_bounded_tool_parameter_holds(server: Running) -> None:
+    tool = VOLUME_TOOL
     assert grammar_for_tools(parse_tools([tool]), "required")
     reply = server.client.chat.completions.create(
         model=MODEL,

@@ -23,7 +23,7 @@ from hearthside.core.engine.remote import RemoteConfig
 from hearthside.core.engine.service import EngineService
 from hearthside.core.server.app import ServerSettings
 from hearthside.core.server.controller import ServerController
-from tests.core.server.test_api import KEY, Running, free_port, start_server
+from tests.core.server.test_api import KEY, Running, free_port, serving
 
 MODEL = "gemma-3-270m-q4_k_m"  # the name start_server serves the model under
 STORY = "Write a long story about a ship."
@@ -34,10 +34,8 @@ ITALY = "Question: What is the capital of Italy?\nAnswer:"
 @pytest.fixture(scope="module")
 def server(default_model_file: Path) -> Iterator[Running]:
     """One slot: the choices of a request run one after another."""
-    controller, service = start_server(default_model_file, max_queue=32)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(default_model_file, max_queue=32) as running:
+        yield running
 
 
 def serve(service: EngineService) -> Running:

@@ -9,17 +9,15 @@ from pathlib import Path
 import pytest
 
 from hearthside.core.server.app import LLAMA_CPP_SAMPLING
-from tests.core.server.test_api import Running, start_server
+from tests.core.server.test_api import Running, serving
 
 QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
 def chat_server(chat_model_file: Path) -> Iterator[Running]:
-    controller, service = start_server(chat_model_file, max_queue=8)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(chat_model_file, max_queue=8) as running:
+        yield running
 
 
 def answer(running: Running, max_tokens: int = 16, **fields: float) -> str:

@@ -12,17 +12,15 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.core.server.test_api import Running, start_server
+from tests.core.server.test_api import Running, serving
 
 STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 
 
 @pytest.fixture
 def api(chat_model_file: Path) -> Iterator[Running]:
-    controller, service = start_server(chat_model_file, max_queue=8)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(chat_model_file, max_queue=8) as running:
+        yield running
 
 
 def worker_pid(running: Running) -> int:

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.core.server.openapi_check import assert_matches
-from tests.core.server.test_api import Running, start_server
+from tests.core.server.test_api import Running, serving
 
 MODEL = "gemma-3-270m-q4_k_m"  # the id start_server gives the model it loads
 QUESTION = [{"role": "user", "content": "Write one sentence about the sea."}]
@@ -23,10 +23,8 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def server(chat_model_file: Path) -> Iterator[Running]:
-    controller, service = start_server(chat_model_file, max_queue=8)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(chat_model_file, max_queue=8) as running:
+        yield running
 
 
 def check_ranked(chosen: float, alternatives: list[float], n_top: int) -> None:

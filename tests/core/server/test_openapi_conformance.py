@@ -19,7 +19,7 @@ from tests.core.server.openapi_check import (
     mismatches,
     schema_names,
 )
-from tests.core.server.test_api import WEATHER_TOOL, Running, start_server
+from tests.core.server.test_api import WEATHER_TOOL, Running, serving
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 8}
@@ -27,10 +27,8 @@ GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 8}
 
 @pytest.fixture(scope="module")
 def server(default_model_file: Path) -> Iterator[Running]:
-    controller, service = start_server(default_model_file, max_queue=8)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(default_model_file, max_queue=8) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

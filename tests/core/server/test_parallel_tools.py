@@ -21,7 +21,7 @@ from hearthside.core.server.structured import (
     parse_tools,
     render_tool_calls,
 )
-from tests.core.server.test_api import Running, start_server
+from tests.core.server.test_api import Running, serving
 
 MODEL = "gemma-3-270m-q4_k_m"  # the id start_server gives whatever model it serves
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -154,10 +154,8 @@ def test_history_calls_render_as_the_model_writes_them() -> None:
 
 @pytest.fixture(scope="module")
 def server(chat_model_file: Path) -> Iterator[Running]:
-    controller, service = start_server(chat_model_file, max_queue=8)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(chat_model_file, max_queue=8) as running:
+        yield running
 
 
 def earlier_call(call_id: str, city: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from hearthside.core.server.responses import (
     ResponseStore,
     StoredResponse,
 )
-from tests.core.server.test_api import WEATHER_TOOL, Running, start_server
+from tests.core.server.test_api import WEATHER_TOOL, Running, serving
 
 MODEL = "gemma-3-270m-q4_k_m"
 WEATHER: dict[str, Any] = {"type": "function", **cast(dict[str, Any], WEATHER_TOOL["function"])}
@@ -38,10 +38,8 @@ TWO_CALLS = (  # a reply as the parallel tool grammar writes it
 
 @pytest.fixture(scope="module")
 def server(default_model_file: Path) -> Iterator[Running]:
-    controller, service = start_server(default_model_file, max_queue=8)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(default_model_file, max_queue=8) as running:
+        yield running
 
 
 def test_a_text_reply_is_a_completed_response_with_usage(server: Running) -> None:

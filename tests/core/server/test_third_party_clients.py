@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.core.server.test_api import KEY, WEATHER_TOOL, Running, start_server
+from tests.core.server.test_api import KEY, WEATHER_TOOL, Running, serving
 
 # LiteLLM's own types trip a pydantic warning on import; it says nothing about our API.
 pytestmark = pytest.mark.filterwarnings("ignore:Item .* `ReadOnly` qualifier:UserWarning")
@@ -37,10 +37,8 @@ def offline_env() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def server(default_model_file: Path) -> Iterator[Running]:
-    controller, service = start_server(default_model_file, max_queue=8)
-    yield Running(controller, service)
-    controller.stop()
-    service.stop()
+    with serving(default_model_file, max_queue=8) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
