@@ -31,6 +31,7 @@ from hearthside.core.server.keys import (
     load_or_create_api_key,
     load_or_create_user_key_file,
 )
+from hearthside.core.server.model_pool import DEFAULT_MAX_LOADED
 from hearthside.core.settings import Settings
 
 DEFAULT_PORT = 8765
@@ -62,6 +63,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="requests answered at once, 1 to 64, each with its own context "
         "(default: the planner's choice, up to 4 where memory allows)",
+    )
+    serve.add_argument(
+        "--max-models",
+        type=_at_least_one,
+        default=DEFAULT_MAX_LOADED,
+        metavar="N",
+        help="installed models a request may load by name and keep loaded beside the served "
+        f"one; the least recently used is unloaded first (default {DEFAULT_MAX_LOADED})",
     )
     serve.add_argument(
         "--api-key-file", type=Path, help="file holding the key (default: one per install)"
@@ -98,6 +107,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             extra_hosts=lan_hosts,
             cors_origins=tuple(args.cors_origin),
             model_id=served_model_id(loaded),
+            max_on_demand_models=args.max_models,
         )
         host = f"[{args.host}]" if ":" in args.host else args.host
         status(f"Serving {settings.model_id} at http://{host}:{args.port}/v1")
@@ -116,6 +126,16 @@ def _run_serve(args: argparse.Namespace) -> int:
         )  # for models named by requests
         serve_foreground(settings, service, on_demand_models(data_dir(), knobs))
     return 0
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"give a whole number of at least 1, not {text!r}")
+    return value
 
 
 def _api_key(key_file: Path | None) -> str:

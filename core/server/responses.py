@@ -47,6 +47,9 @@ from hearthside.core.server.schemas import ChatCompletionRequest, _Request, _Tex
 from hearthside.core.server.security import openai_error
 
 STORED_RESPONSES = 256
+# Each stored response holds its whole conversation, so a long chain of turns adds up: the
+# store also keeps to this many characters of JSON in all (the oldest go first).
+STORED_CHARS = 64 << 20
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
 INCOMPLETE_STOPS = {"length", "context_full"}
 
@@ -147,19 +150,26 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """The last `capacity` responses; touched only on the server's event loop."""
+    """The last `capacity` responses, `max_chars` of JSON at most; touched only on the
+    server's event loop."""
 
-    def __init__(self, capacity: int = STORED_RESPONSES) -> None:
+    def __init__(self, capacity: int = STORED_RESPONSES, max_chars: int = STORED_CHARS) -> None:
         self.capacity = capacity
-        self._responses: OrderedDict[str, StoredResponse] = OrderedDict()
+        self.max_chars = max_chars
+        self._responses: OrderedDict[str, tuple[StoredResponse, int]] = OrderedDict()
+        self._chars = 0
 
     def get(self, response_id: str) -> StoredResponse | None:
-        return self._responses.get(response_id)
+        kept = self._responses.get(response_id)
+        return kept[0] if kept is not None else None
 
     def keep(self, response: StoredResponse) -> None:
-        self._responses[response.body["id"]] = response
-        while len(self._responses) > self.capacity:
-            self._responses.popitem(last=False)
+        size = len(json.dumps([response.body, response.conversation]))
+        self._responses[response.body["id"]] = (response, size)
+        self._chars += size
+        while len(self._responses) > self.capacity or self._chars > self.max_chars:
+            _, (_, dropped) = self._responses.popitem(last=False)
+            self._chars -= dropped
 
 
 Keeper = Callable[[StoredResponse], None]

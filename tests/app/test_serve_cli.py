@@ -168,3 +168,14 @@ def test_serve_says_how_many_requests_it_answers_at_once() -> None:
     assert serve_cli.slots_note(EngineConfig("m.gguf", n_ctx=4096)) == (
         "Answers one request at a time (4096 tokens); others wait their turn."
     )
+
+
+def test_serve_takes_how_many_models_requests_may_keep_loaded(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert build_parser().parse_args(["serve"]).max_models == 2
+    assert build_parser().parse_args(["serve", "--max-models", "3"]).max_models == 3
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["serve", "--max-models", "0"])
+    assert exit_.value.code == 2
+    assert "give a whole number of at least 1, not '0'" in capsys.readouterr().err

@@ -242,6 +242,15 @@ def test_the_store_keeps_the_latest_responses_only() -> None:
     assert store.get("resp_1") is not None and store.get("resp_2") is not None
 
 
+def test_the_store_drops_the_oldest_when_conversations_grow_too_large() -> None:
+    turn = ({"role": "user", "content": "x" * 1000},)
+    store = ResponseStore(capacity=100, max_chars=2500)
+    for number in range(3):
+        store.keep(StoredResponse({"id": f"resp_{number}"}, turn))
+    assert store.get("resp_0") is None  # three of ~1030 characters do not fit in 2500
+    assert store.get("resp_1") is not None and store.get("resp_2") is not None
+
+
 def _finished(text: str) -> GenerationResult:
     metrics = GenerationMetrics(
         prompt_tokens=20,
