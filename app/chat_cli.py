@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hearthside.app.cli_support import add_thread_options
 from hearthside.app.progress import ProgressLine
 from hearthside.app.terminal_chat import (
     DEFAULT_MAX_TOKENS,
@@ -27,10 +28,7 @@ def _add_model_options(parser: argparse.ArgumentParser, settings: Settings) -> N
         "--model", default="default", help="registered model id, a GGUF path, or 'default'"
     )
     parser.add_argument("--ctx", type=int, default=settings.context_size, help="context tokens")
-    parser.add_argument("--threads", type=int, default=settings.threads, help="decode threads")
-    parser.add_argument(
-        "--batch-threads", type=int, default=settings.batch_threads, help="prompt threads"
-    )
+    add_thread_options(parser, settings.threads, settings.batch_threads)
 
 
 def add_chat_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -71,6 +71,14 @@ def reports_errors(handler: Handler) -> Handler:
     return run
 
 
+def add_thread_options(
+    parser: argparse.ArgumentParser, threads: int | None, batch: int | None
+) -> None:
+    """`--threads` and `--batch-threads`, with the defaults from the user's settings."""
+    parser.add_argument("--threads", type=int, default=threads, help="decode threads")
+    parser.add_argument("--batch-threads", type=int, default=batch, help="prompt threads")
+
+
 def parallel_requests(text: str) -> int:
     """argparse's type for `--parallel N`: a whole number of slots from 1 to MAX_PARALLEL."""
     from hearthside.core.engine.config import MAX_PARALLEL  # psutil: only when parsing

@@ -12,7 +12,13 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from hearthside.app.cli_support import EXIT_ERROR, error_line, parallel_requests, start_logging
+from hearthside.app.cli_support import (
+    EXIT_ERROR,
+    add_thread_options,
+    error_line,
+    parallel_requests,
+    start_logging,
+)
 from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import data_dir
 from hearthside.core.settings import Settings
@@ -66,10 +72,7 @@ def add_gui_arguments(gui: argparse.ArgumentParser) -> None:
         "--model", default="default", help="registered model id, a GGUF path, or 'default'"
     )
     gui.add_argument("--ctx", type=int, default=settings.context_size, help="context tokens")
-    gui.add_argument("--threads", type=int, default=settings.threads, help="decode threads")
-    gui.add_argument(
-        "--batch-threads", type=int, default=settings.batch_threads, help="prompt threads"
-    )
+    add_thread_options(gui, settings.threads, settings.batch_threads)
     gui.add_argument(
         "--parallel",
         type=parallel_requests,

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hearthside.app.api_models import LoadKnobs, on_demand_models
-from hearthside.app.cli_support import parallel_requests
+from hearthside.app.cli_support import add_thread_options, parallel_requests
 from hearthside.app.terminal_chat import config_for, start_loading, status
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.remote import RemoteConfig
@@ -52,10 +52,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--ctx", type=int, default=settings.context_size, help="context tokens per request"
     )
-    serve.add_argument("--threads", type=int, default=settings.threads, help="decode threads")
-    serve.add_argument(
-        "--batch-threads", type=int, default=settings.batch_threads, help="prompt threads"
-    )
+    add_thread_options(serve, settings.threads, settings.batch_threads)
     serve.add_argument(
         "--parallel",
         type=parallel_requests,
