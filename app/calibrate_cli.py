@@ -137,10 +137,12 @@ def describe_params(m: Measurement) -> str:
         return "pinned" if p.get("pinned") else "pageable"
     if m.kind == "disk_read":
         return f"{p.get('file_bytes', 0) // MIB} MiB file, cache dropped"
+    # the shipped model's runs at the tuner's other thread counts say their threads
+    at = f", {p.get('threads')} thread(s)" if p.get("thread_variant") else ""
     if m.kind == "engine_prefill":
-        return f"{p.get('model', '')} pp{p.get('n_prompt', '')}"
+        return f"{p.get('model', '')} pp{p.get('n_prompt', '')}{at}"
     if m.kind == "engine_decode":
-        return f"{p.get('model', '')} tg{p.get('n_gen', '')}"
+        return f"{p.get('model', '')} tg{p.get('n_gen', '')}{at}"
     return ", ".join(f"{name}={value}" for name, value in p.items())
 
 

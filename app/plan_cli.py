@@ -20,7 +20,7 @@ from typing import get_args
 from hearthside.app.cli_support import parallel_requests, printable
 from hearthside.app.probe_cli import load_profile
 from hearthside.autotune.calibration import calibration_for
-from hearthside.autotune.memory import WeightPiece, pieces_from_gguf
+from hearthside.autotune.memory import WeightPiece, pieces_from_gguf, pieces_from_spec
 from hearthside.autotune.planner import Goal, Plan, cpu_expert_layers, describe_slots, plan
 from hearthside.autotune.variants import (
     DEFAULT_MIN_DECODE_TPS,
@@ -91,11 +91,20 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
         help="with quant variants: leave out the quants that could be made locally",
     )
     parser.add_argument("--json", action="store_true", help="print only the Plan as JSON")
+    parser.add_argument(
+        "--measure-types",
+        action="store_true",
+        help="first measure on this CPU the model's weight types the calibration did not "
+        "(a short synthetic probe of each, kept in the autotune DB), instead of estimating "
+        "them from a measured type",
+    )
     parser.set_defaults(handler=_run_plan)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
     profile = _profile(args)
+    if args.measure_types:
+        _measure_types(args.model, profile)
     variants = installed_variants(args.model)
     if len(variants) > 1:
         if not args.installed_only:
@@ -132,6 +141,23 @@ def _run_plan(args: argparse.Namespace) -> int:
         else:
             print(describe_plan(result))
     return 0 if result.fits or result.streams_from_disk else NOTHING_FITS
+
+
+def _measure_types(ref: str, profile: HardwareProfile) -> None:
+    """Measure the model's weight types this machine's calibration lacks; report on stderr."""
+    from hearthside.autotune.type_costs import (
+        describe_type_cost,
+        measure_type_costs,
+        model_weight_types,
+    )
+
+    pieces = _file_pieces(ref) or pieces_from_spec(resolve_spec(ref))
+    with WisdomDB() as wisdom:
+        costs = measure_type_costs(model_weight_types(pieces), profile, wisdom)
+    for cost in costs:
+        print(printable(describe_type_cost(cost)), file=sys.stderr)
+    if not costs:
+        print("every weight type of the model is measured on this machine", file=sys.stderr)
 
 
 def _file_pieces(ref: str) -> list[WeightPiece] | None:

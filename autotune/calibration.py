@@ -54,12 +54,14 @@ def store_calibration(report: CalibrationReport, profile: HardwareProfile, db: W
 
 
 def calibration_for(profile: HardwareProfile, db: WisdomDB) -> dict[str, float]:
-    """The planner's figures for this machine: its latest calibration's, and what the tuner's
-    measured runs taught since (`learned_figures`); {} when it was neither calibrated nor
-    measured."""
+    """The planner's figures for this machine: its latest calibration's, the weight types
+    measured since against it (`autotune/type_costs.py`), and what the tuner's measured runs
+    taught since (`learned_figures`); {} when it was neither calibrated nor measured."""
     fingerprint = machine_fingerprint(profile)
     stored = db.latest_calibration(fingerprint)
     figures = planner_figures(CalibrationReport.from_dict(stored)) if stored is not None else {}
+    if stored is not None:  # the types measured on demand against it (`type_costs.py`)
+        figures = db.type_costs(fingerprint, str(stored.get("created_at", ""))) | figures
     return figures | learned_figures(profile, db)
 
 
@@ -75,8 +77,9 @@ LEARNED = "learned_"
 
 def planner_figures(report: CalibrationReport) -> dict[str, float]:
     """cpu_read_bytes_per_s (all threads), cpu_flops (the best fp32 GEMM),
-    disk_read_bytes_per_s (cold) and the engine's costs against them (`engine_efficiency`),
-    from whatever the report measured successfully."""
+    disk_read_bytes_per_s (cold), the engine's costs against them (`engine_efficiency`) and
+    how its speed follows the thread count (`thread_figures`), from whatever the report
+    measured successfully."""
     figures: dict[str, float] = {}
     read = report.best("memory_read", "cpu")
     if read is not None:
@@ -88,6 +91,33 @@ def planner_figures(report: CalibrationReport) -> dict[str, float]:
     if disk is not None:
         figures["disk_read_bytes_per_s"] = disk.value * GB
     figures.update(engine_efficiency(report, figures))
+    figures.update(thread_figures(report))
+    return figures
+
+
+def thread_figures(report: CalibrationReport) -> dict[str, float]:
+    """How the CPU's speed follows the thread count: "<kind>_threads", the threads the
+    shipped model's run (and the probes', fitted above) used for decode or prefill;
+    "<kind>_thread_scale:<n>", the shipped model's tok/s at n threads (`measure_cpu`'s thread
+    variants) over its tok/s at those; and "cpu_read_bytes_per_s:<n>", the RAM read
+    bandwidth with n threads."""
+    figures: dict[str, float] = {}
+    for read in report.measured("memory_read", "cpu"):
+        if threads := read.params.get("threads"):
+            key = f"cpu_read_bytes_per_s:{threads}"
+            figures[key] = max(figures.get(key, 0.0), read.value * GB)
+    for kind in ("decode", "prefill"):
+        runs = [m for m in report.measured(f"engine_{kind}", "cpu") if "probe" not in m.params]
+        shipped = next((m for m in runs if not m.params.get("thread_variant")), None)
+        if shipped is None or not shipped.params.get("threads") or not shipped.value:
+            continue
+        reference = int(shipped.params["threads"])
+        figures[f"{kind}_threads"] = reference
+        for variant in runs:
+            threads = int(variant.params.get("threads") or 0)
+            same_model = variant.params.get("model_path") == shipped.params.get("model_path")
+            if variant.params.get("thread_variant") and same_model and threads != reference:
+                figures[f"{kind}_thread_scale:{threads}"] = variant.value / shipped.value
     return figures
 
 
@@ -142,6 +172,8 @@ def _engine_runs(report: CalibrationReport) -> list[_EngineRun]:
     for measurement in report.measured("engine_decode", "cpu") + report.measured(
         "engine_prefill", "cpu"
     ):
+        if measurement.params.get("thread_variant"):  # other threads: `thread_figures`
+            continue
         key = str(measurement.params.get("probe") or measurement.params.get("model_path"))
         entry = by_model.setdefault(key, {"params": measurement.params})
         entry[measurement.kind] = measurement.value

@@ -50,13 +50,21 @@ class CapacityAudit:
 def audit_context(
     engine: Engine, *, depths: Sequence[float] = DEPTHS, decode_steps: int = DECODE_STEPS
 ) -> CapacityAudit:
-    """Run the audit on `engine` (the engine thread's job: it resets the engine's cache)."""
+    """Run the audit on `engine` (the engine thread's job: it resets the engine's cache).
+
+    The context fills once, in order: a prompt-sized batch up to each depth, then
+    `decode_steps` tokens one at a time there, timed. So the audit costs one fill of the
+    context, not one per depth (which made it the longest step of a short tuning run)."""
     requested = engine.config.n_ctx
     allocated = engine.n_ctx
     tokens = _random_tokens(engine, allocated)
-    speeds = tuple(_decode_at(engine, tokens, fraction, decode_steps) for fraction in depths)
-    filled = int(allocated * max(depths)) + decode_steps
-    first, last = _positions_after_filling(engine, tokens[:filled])
+    llama = engine.llama
+    llama.reset()
+    speeds = tuple(
+        _decode_at(engine, tokens, fraction, decode_steps) for fraction in sorted(depths)
+    )
+    filled = llama.n_tokens
+    first, last = _cached_positions(engine)
     holds = first == 0 and last == filled - 1 and allocated >= requested
     engine.clear_cache()
     return CapacityAudit(
@@ -77,11 +85,12 @@ def _random_tokens(engine: Engine, count: int) -> list[int]:
 
 
 def _decode_at(engine: Engine, tokens: list[int], fraction: float, steps: int) -> DepthSpeed:
-    depth = min(int(engine.n_ctx * fraction), engine.n_ctx - steps - 1)
+    """Fill the cache up to `fraction` of the context (from where it is), then time `steps`
+    tokens decoded one at a time."""
     llama = engine.llama
-    llama.reset()
-    if depth:
-        llama.eval(tokens[:depth])  # batched, like a long prompt
+    depth = max(llama.n_tokens, min(int(engine.n_ctx * fraction), engine.n_ctx - steps - 1))
+    if depth > llama.n_tokens:
+        llama.eval(tokens[llama.n_tokens : depth])  # batched, like a long prompt
     started = time.perf_counter()
     for token in tokens[depth : depth + steps]:
         llama.eval([token])
@@ -89,11 +98,9 @@ def _decode_at(engine: Engine, tokens: list[int], fraction: float, steps: int) -
     return DepthSpeed(fraction, depth, steps / elapsed if elapsed else 0.0)
 
 
-def _positions_after_filling(engine: Engine, tokens: list[int]) -> tuple[int, int]:
-    llama = engine.llama
-    llama.reset()
-    llama.eval(tokens)
-    memory = llama_cpp.llama_get_memory(llama.ctx)
+def _cached_positions(engine: Engine) -> tuple[int, int]:
+    """The oldest and newest positions sequence 0 holds in the KV cache."""
+    memory = llama_cpp.llama_get_memory(engine.llama.ctx)
     first = int(llama_cpp.llama_memory_seq_pos_min(memory, 0))
     last = int(llama_cpp.llama_memory_seq_pos_max(memory, 0))
     return first, last

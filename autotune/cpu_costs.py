@@ -21,16 +21,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from hearthside.kernels.engine_run import type_bits
 
 
 @dataclass(frozen=True)
 class KernelCosts:
     """Seconds per unit and per row, by weight type, for one kind of work. A type no probe
-    measured costs what the nearest measured type costs: one of the same family (the legacy
-    Q4_0/Q5_0/Q8_0 kind, K-quants, I-quants, floats: each family shares its kernels' design),
-    then one repacked alike (AVX2 and NEON repack some types into faster layouts), then the
-    closest bits per weight."""
+    measured costs what the nearest measured type costs (and the plan says so, `source`):
+    one of the same family (the legacy Q4_0/Q5_0/Q8_0 kind, K-quants, I-quants, ternary,
+    floats: each family shares its kernels' design), then one of the same block size (32
+    or 256 weights: the activations it dots against are quantized alike), then one repacked
+    alike (AVX2 and NEON repack some types into faster layouts), then the closest bits per
+    weight."""
 
     per_unit: Mapping[str, float]
     per_row: Mapping[str, float] = field(default_factory=dict)
@@ -42,13 +46,23 @@ class KernelCosts:
         candidates = list(self.per_unit)
         for alike in (
             lambda t: family(t) == family(type_name),
+            # 32-value blocks dot against Q8_0 activations, 256-value ones against Q8_K
+            lambda t: block_values(t) == block_values(type_name),
             lambda t: (t in self.repacked) == (type_name in self.repacked),
         ):
             candidates = [t for t in candidates if alike(t)] or candidates
         if not candidates:
             return None
         bits = bits_per_weight(type_name)
-        return min(candidates, key=lambda known: abs(bits_per_weight(known) - bits))
+        return min(candidates, key=lambda known: (abs(bits_per_weight(known) - bits), known))
+
+    def source(self, type_name: str) -> str | None:
+        """Where `type_name`'s cost comes from: "measured", "estimated from <type>", or None
+        when nothing was measured."""
+        known = self.nearest(type_name)
+        if known is None:
+            return None
+        return MEASURED if known == type_name else f"estimated from {known}"
 
     def seconds(self, units: Mapping[str, float], rows: Mapping[str, float]) -> float:
         """The weights' share of a token: every type at its nearest measured type's costs."""
@@ -62,15 +76,32 @@ class KernelCosts:
         return total
 
 
+MEASURED = "measured"
+
+
 def family(type_name: str) -> str:
-    """ "k" for K-quants, "i" for I-quants, "float" for F16/BF16/F32, "legacy" otherwise."""
+    """ "k" for K-quants, "i" for I-quants, "ternary" for TQ1_0/TQ2_0, "mx" for MXFP4,
+    "float" for F16/BF16/F32, "legacy" otherwise (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
     if type_name.endswith("_K"):
         return "k"
     if type_name.startswith("IQ"):
         return "i"
+    if type_name.startswith("TQ"):
+        return "ternary"
+    if type_name.startswith("MX"):
+        return "mx"
     if type_name.startswith(("F", "BF")):
         return "float"
     return "legacy"
+
+
+def block_values(type_name: str) -> int:
+    """Weights per quant block: 32 for Q4_0 and IQ4_NL, 256 for K-quants and IQ4_XS, 1 for
+    floats; 0 for a type this gguf package does not know."""
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][0]
+    except KeyError:
+        return 0
 
 
 def bits_per_weight(type_name: str) -> float:

@@ -12,9 +12,10 @@ against what the loader logs (`core/engine/load_report.py`):
 - on the CPU, weights of some quant types are repacked into a second buffer for faster
   matmuls (Q4_0, Q4_K, IQ4_NL with AVX2 or NEON) while the mmapped range still spans them;
 - the compute buffer is the largest of the graph's phases (logits, attention, FFN) — see
-  docs/architecture.md, "Decisions", for the measurements behind each term; its attention
-  masks span every slot's cells (a unified cache's layout, the larger of the two), and the
-  logits buffer holds one row per slot (llama.cpp reserves n_seq_max outputs).
+  docs/architecture.md, "Decisions", for the measurements behind each term; with several
+  slots the cache has one stream per slot and the graph splits the batch across them, so
+  the attention scores and masks span one slot's cells, not every slot's; the logits buffer
+  holds one row per slot (llama.cpp reserves n_seq_max outputs).
 """
 
 from __future__ import annotations
@@ -35,13 +36,23 @@ F16_BYTES = 2
 # Weight types the CPU backend repacks (ggml-cpu repack.cpp) when the CPU has the kernels.
 REPACKED_ON_X86_AVX2 = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 REPACKED_ON_ARM_NEON = frozenset({"Q4_0", "IQ4_NL"})
-# Fitted to llama.cpp's logged compute buffers over synthetic models (benchmarks/memory_model).
-ATTENTION_ACTIVATIONS = 6  # n_embd-wide f32 activations alive next to the attention scores
-FLASH_ATTENTION_ACTIVATIONS = 12
+# f32 activations per batch token alive at each phase's peak, fitted to llama.cpp's logged
+# compute buffers over synthetic models (benchmarks/memory_model.py, docs/architecture.md).
+# Attention: rows n_embd wide, n_head x head_dim wide and n_head_kv x head_dim wide (one more
+# of those without flash attention), fitted over MHA, GQA and wide-head llamas, gemma3, gpt-oss.
+ATTENTION_EMBD_ROWS = 3
+ATTENTION_QUERY_ROWS = 2
+ATTENTION_KV_ROWS = 1
+ATTENTION_KV_ROWS_WITHOUT_FLASH = 2
+# Latent attention (MLA): the absorbed query (n_head x the latent K row) twice, n_embd rows.
+LATENT_QUERY_ROWS = 2
+LATENT_EMBD_ROWS = 6
 FFN_INTERMEDIATES = 3  # gate, up and their product, n_ff wide
-FFN_ACTIVATIONS = 4
-LOGIT_ACTIVATIONS = 1
-COMPUTE_BASE_BYTES = 1 << 20
+# The allocator's reuse leaves 3 n_embd rows live at long contexts with a quantized cache and
+# 4 elsewhere; the mean keeps both within 5%.
+FFN_ACTIVATIONS = 3.5
+LOGIT_ACTIVATIONS = 3
+COMPUTE_BASE_BYTES = 1 << 17  # positions, output ids, small graph inputs: ~0.01-0.25 MiB
 
 
 @dataclass(frozen=True)
@@ -312,31 +323,51 @@ def _place_compute(
 
 
 def _attention_phase(spec: ModelSpec, config: EngineConfig, ubatch: int) -> int:
-    n_embd = spec.n_embd or 0
+    activations = _attention_rows(spec, config.flash_attn) * ubatch * F32_BYTES
+    phase = _masks(spec, config, ubatch) + activations
     if config.flash_attn:
-        activations = FLASH_ATTENTION_ACTIVATIONS * n_embd * ubatch * F32_BYTES
-        return _masks(spec, config, ubatch) + activations
+        return phase
     full_cells = spec.kv_cells(config.n_ctx, swa_full=config.swa_full, n_ubatch=ubatch)[0]
-    scores = full_cells * config.n_parallel * ubatch * (spec.n_head or 0) * F32_BYTES
-    activations = ATTENTION_ACTIVATIONS * n_embd * ubatch * F32_BYTES
-    return scores + _masks(spec, config, ubatch) + activations
+    scores = full_cells * ubatch * (spec.n_head or 0) * F32_BYTES  # one slot's cells: see top
+    if spec.mla:  # without flash attention every slot's latent V is copied out transposed
+        scores += full_cells * config.n_parallel * (spec.head_dim_v or 0) * F16_BYTES
+    return phase + scores
+
+
+def _attention_rows(spec: ModelSpec, flash_attn: bool) -> int:
+    """f32 values per batch token alive next to the attention (scores and masks aside)."""
+    n_embd = spec.n_embd or 0
+    query = (spec.n_head or 0) * (spec.head_dim_k or 0)
+    if spec.mla:  # head_dim_k is the latent K row (kv_lora_rank + rope dims)
+        return LATENT_QUERY_ROWS * query + LATENT_EMBD_ROWS * n_embd
+    kv = (spec.n_head_kv or 0) * (spec.head_dim_k or 0)
+    kv_rows = ATTENTION_KV_ROWS if flash_attn else ATTENTION_KV_ROWS_WITHOUT_FLASH
+    return ATTENTION_EMBD_ROWS * n_embd + ATTENTION_QUERY_ROWS * query + kv_rows * kv
 
 
 def _ffn_phase(spec: ModelSpec, config: EngineConfig, ubatch: int) -> int:
-    width = max(spec.n_ff or 0, spec.n_expert_used * (spec.n_ff_expert or 0))
+    width = max(_dense_ffn_width(spec), spec.n_expert_used * (spec.n_ff_expert or 0))
     n_embd = spec.n_embd or 0
-    activations = (FFN_INTERMEDIATES * width + FFN_ACTIVATIONS * n_embd) * ubatch * F32_BYTES
+    rows = FFN_INTERMEDIATES * width + FFN_ACTIVATIONS * n_embd
+    activations = round(rows * ubatch * F32_BYTES)
     return _masks(spec, config, ubatch) + activations
+
+
+def _dense_ffn_width(spec: ModelSpec) -> int:
+    """n_ff, where a block has a dense FFN (a MoE model's n_ff may name a width none uses)."""
+    has_dense = not spec.layers or any(layer.ffn.bytes for layer in spec.layers)
+    return (spec.n_ff or 0) if has_dense else 0
 
 
 def _masks(spec: ModelSpec, config: EngineConfig, ubatch: int) -> int:
     """Attention masks are graph inputs, alive until the last block: one for the full-context
     layers and, on a sliding-window model, one for the window's cells (f16 with flash
-    attention, else f32), over every slot's cells."""
+    attention, else f32), over one slot's cells (each slot's stream takes its share of the
+    batch)."""
     full_cells, window_cells = spec.kv_cells(
         config.n_ctx, swa_full=config.swa_full, n_ubatch=ubatch
     )
-    cells = (full_cells + (window_cells if spec.swa_layers else 0)) * config.n_parallel
+    cells = full_cells + (window_cells if spec.swa_layers else 0)
     return cells * ubatch * (F16_BYTES if config.flash_attn else F32_BYTES)
 
 
@@ -383,13 +414,16 @@ def _is_matmul_weight(name: str, n_dims: int) -> bool:
 # --- checking a prediction against what llama.cpp allocated ------------------------------------
 
 TOLERANCE_FRACTION = 0.05
-TOLERANCE_BYTES = 16 * 1024 * 1024
+# Below this size a buffer may also be off by SMALL_BUFFER_SLACK_BYTES (llama.cpp logs MiB
+# with two decimals, and a few small graph inputs are not modelled); at or above it, 5% only.
+LARGE_BUFFER_BYTES = 320 * 1024 * 1024
+SMALL_BUFFER_SLACK_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class BufferComparison:
     device: str
-    purpose: str  # "weights" | "kv" | "compute" | "total"
+    purpose: str  # "weights" | "kv" | "compute" | "output" | "total"
     predicted_bytes: int
     allocated_bytes: int
 
@@ -398,9 +432,18 @@ class BufferComparison:
         return self.predicted_bytes - self.allocated_bytes
 
     @property
+    def relative_error(self) -> float:
+        return self.error_bytes / self.allocated_bytes if self.allocated_bytes else 0.0
+
+    @property
+    def is_large(self) -> bool:
+        """Held to the relative bound alone."""
+        return self.allocated_bytes >= LARGE_BUFFER_BYTES
+
+    @property
     def within_tolerance(self) -> bool:
-        allowed = max(TOLERANCE_FRACTION * self.allocated_bytes, TOLERANCE_BYTES)
-        return abs(self.error_bytes) <= allowed
+        slack = 0 if self.is_large else SMALL_BUFFER_SLACK_BYTES
+        return abs(self.error_bytes) <= TOLERANCE_FRACTION * self.allocated_bytes + slack
 
 
 def compare_with_load(estimate: MemoryEstimate, report: LoadReport) -> list[BufferComparison]:
@@ -413,6 +456,7 @@ def compare_with_load(estimate: MemoryEstimate, report: LoadReport) -> list[Buff
             "weights": (predicted.weights_bytes, allocated.model_bytes),
             "kv": (predicted.kv_bytes, allocated.kv_bytes),
             "compute": (predicted.compute_bytes, allocated.compute_bytes),
+            "output": (predicted.output_bytes, allocated.output_bytes),
             "total": (predicted.total_bytes, allocated.total_bytes),
         }
         for purpose, (guess, real) in pairs.items():

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from hearthside.autotune.calibration import LEARNED, logits_seconds
-from hearthside.autotune.cpu_costs import KernelCosts, bits_per_weight, layer_seconds
+from hearthside.autotune.cpu_costs import MEASURED, KernelCosts, bits_per_weight, layer_seconds
 from hearthside.autotune.memory import (
     CPU,
     LayerPlacement,
@@ -48,6 +48,7 @@ from hearthside.core.engine.config import EngineConfig, TensorOverride
 from hearthside.core.models.spec import ModelSpec, TensorGroup
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
 from hearthside.kernels.engine_run import last_block_ffn
+from hearthside.kernels.synthetic_model import uniform_writable
 
 PLAN_SCHEMA = 1
 Goal = Literal["fastest", "quality", "longest-context", "balanced"]
@@ -65,6 +66,14 @@ CPU_FLOPS_PER_CYCLE = 32  # AVX2 FMA on fp32: 2 units x 8 lanes x 2
 ASSUMED_CPU_HZ = 3.0e9
 ASSUMED_CPU_BANDWIDTH = 20e9  # bytes/s, a dual-channel desktop, until calibrated
 ASSUMED_DISK_BANDWIDTH = 1.0e9
+# A CPU token whose weights come from RAM is bound by its bandwidth when their bytes at the
+# measured read bandwidth take at least this share of the token's predicted time; below it,
+# the kernels' own work (compute, per-row and per-layer costs) is what bounds it.
+MEMORY_BOUND_SHARE = 0.5
+# Streaming through mmap page faults reads at this share of the disk's cold sequential read
+# speed: 0.34 measured on the 2-core EPYC VM's virtio disk (benchmarks/disk_streaming.py, a
+# dense 1.6 GB model under a 768 MiB cgroup limit).
+MMAP_STREAMING_EFFICIENCY = 0.35
 PROMPT_TOKENS_FOR_TTFT = 512
 KV_CHOICES = ("f16", "q8_0", "q4_0")
 # Slots the planner gives a model unless asked: the window's chat and a few API clients (an
@@ -111,6 +120,17 @@ class SpeedEstimate:
     # the learned factors (measured over predicted) already applied to the figures above
     learned_decode: float = 1.0
     learned_prefill: float = 1.0
+    # what bounds decode on that tier (see DECODE_LIMITS)
+    decode_limit: str = "memory bandwidth"
+    # streaming from disk: the weights that stay in RAM, and the bytes a token reads from disk
+    resident_weights_bytes: int = 0
+    disk_read_bytes_per_token: int = 0
+    decode_read_bytes_per_token: int = 0  # weights a token reads on the bounding tier
+
+
+# "cache": the CPU's weights fit in its last-level cache (L3; Apple's SLC where the OS reports
+# it), so they are read from there and its kernels bound decode, not the RAM bandwidth.
+DECODE_LIMITS = ("memory bandwidth", "compute", "cache", "disk")
 
 
 @dataclass(frozen=True)
@@ -191,6 +211,37 @@ class Machine:
     kernel_figures: dict[str, float] = field(default_factory=dict)
     # measured over predicted speed, learned from the tuner's runs: {"decode:CPU": 1.08}
     learned: dict[str, float] = field(default_factory=dict)
+    cpu_cache_bytes: int | None = None  # the last-level cache, all of it (None: unknown)
+    # the threads a config without n_threads (decode) / n_threads_batch (prefill) runs with
+    cpu_cores: int = 1
+    cpu_logical_cores: int = 1
+
+    def default_threads(self, kind: str) -> int:
+        return self.cpu_cores if kind == "decode" else max(self.cpu_cores, self.cpu_logical_cores)
+
+    def thread_speedup(self, kind: str, threads: int | None) -> float:
+        """`kind`'s CPU speed at `threads` (None: the default) over its speed at the threads
+        the calibration ran at ("<kind>_threads"; uncalibrated, the default): measured, when
+        calibration timed that count ("<kind>_thread_scale:<n>"), else in proportion to the
+        physical cores used (SMT siblings add little to llama.cpp's kernels)."""
+        wanted = threads or self.default_threads(kind)
+        reference = int(self.kernel_figures.get(f"{kind}_threads") or self.default_threads(kind))
+        if wanted == reference:
+            return 1.0
+        measured = self.kernel_figures.get(f"{kind}_thread_scale:{wanted}")
+        if measured:
+            return measured
+        cores = max(1, self.cpu_cores)
+        return min(wanted, cores) / min(reference, cores)
+
+    def read_bandwidth(self, threads: int | None) -> float:
+        """RAM read bytes/s for a decode with `threads`: `cpu_bandwidth` at the threads the
+        calibration ran decode at (what its costs were fitted against), calibration's read
+        figure for another count (fewer threads pull less), else `cpu_bandwidth`."""
+        reference = self.kernel_figures.get("decode_threads") or self.default_threads("decode")
+        if threads is None or threads == reference:
+            return self.cpu_bandwidth
+        return self.kernel_figures.get(f"cpu_read_bytes_per_s:{threads}") or self.cpu_bandwidth
 
     def cpu_costs(self, kind: str) -> KernelCosts:
         """Seconds per unit (byte read, weight multiplied) and per row, by calibrated weight
@@ -205,11 +256,18 @@ class Machine:
         return KernelCosts(per_unit, per_row, self.repacked)
 
     def cpu_seconds(
-        self, kind: str, units: dict[str, float], rows: dict[str, float], layers: int, arch: str
+        self,
+        kind: str,
+        units: dict[str, float],
+        rows: dict[str, float],
+        layers: int,
+        arch: str,
+        threads: int | None = None,
     ) -> float:
-        """A token's CPU time for `kind`: its weights at their types' costs (the machine's
-        overall efficiency when no type was calibrated), the fixed cost of its layers and,
-        for decode, of the token's own llama_decode call."""
+        """A token's CPU time for `kind` with `threads` (None: the default): its weights at
+        their types' costs (the machine's overall efficiency when no type was calibrated),
+        the fixed cost of its layers and, for decode, of the token's own llama_decode call;
+        all over `thread_speedup`. The kernels' time: RAM may bound decode (`_cpu_decode`)."""
         costs = self.cpu_costs(kind)
         if costs.per_unit:
             weights = costs.seconds(units, rows)
@@ -218,7 +276,8 @@ class Machine:
             overall = self.decode_efficiency if kind == "decode" else self.prefill_efficiency
             weights = sum(units.values()) * ideal / overall
         per_token = self.kernel_figures.get(f"{kind}_overhead_s_per_token", 0.0)
-        return weights + layers * layer_seconds(self.kernel_figures, kind, arch) + per_token
+        seconds = weights + layers * layer_seconds(self.kernel_figures, kind, arch) + per_token
+        return seconds / self.thread_speedup(kind, threads)
 
 
 def plan(
@@ -293,6 +352,7 @@ def plan(
             _reasons(spec, machine, best, candidates, goal)
             + [slots_reason or _asked_slots_reason(best.config)]
             + _recipe_reasons(recipes)
+            + weight_cost_reasons(machine, token_work(spec, best.config, machine.gpus, pieces))
         ),
         alternatives=tuple(candidate.summary() for candidate in ranked[1:4]),
         advice=tuple(_advice(spec, best)),
@@ -409,6 +469,9 @@ def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) ->
         prefill_efficiency=calibration.get("prefill_efficiency", PREFILL_EFFICIENCY),
         kernel_figures=measured,
         learned={k.removeprefix(LEARNED): v for k, v in calibration.items() if k not in measured},
+        cpu_cache_bytes=cpu.l3_cache_bytes,
+        cpu_cores=cores,
+        cpu_logical_cores=cpu.logical_cores or cores,
     )
 
 
@@ -469,6 +532,44 @@ def _recipe_setting(recipes: Sequence[Recipe], name: str, default: Any) -> Any:
             value = recipe.settings[name]
             return tuple(value) if isinstance(value, list) else value
     return default
+
+
+MEASURE_TYPES_HINT = "`hearthside plan MODEL --measure-types` measures it"
+
+
+def weight_cost_sources(machine: Machine, work: TokenWork) -> dict[str, str]:
+    """{type: "measured" | "estimated from <type>"} for each weight type the CPU runs, by
+    the decode costs (prefill's when they differ: a probe may pass one fit and not the
+    other); {} when the calibration costed no type (the machine's overall figures apply)."""
+    sources: dict[str, str] = {}
+    for kind in ("decode", "prefill"):
+        costs = machine.cpu_costs(kind)
+        units = work.read_bytes if kind == "decode" else work.prefill_weights
+        for type_name in sorted(units.get(CPU, {})):
+            source = costs.source(type_name)
+            if source is not None and sources.get(type_name, MEASURED) == MEASURED:
+                sources[type_name] = source
+    return sources
+
+
+def weight_cost_reasons(machine: Machine, work: TokenWork) -> list[Reason]:
+    """Which weight types' CPU costs were measured here and which borrow another's."""
+    sources = weight_cost_sources(machine, work)
+    if not sources:
+        return []
+    measured = [t for t, source in sources.items() if source == MEASURED]
+    estimated = [t for t, source in sources.items() if source != MEASURED]
+    if not estimated:
+        why = f"{', '.join(measured)}: measured on this machine."
+        return [Reason("weight costs", "measured", why)]
+    probed = ", ".join(f"{t} {sources[t]}" for t in estimated if uniform_writable(t))
+    unprobed = ", ".join(f"{t} {sources[t]}" for t in estimated if not uniform_writable(t))
+    parts = [f"{probed} (not measured on this machine; {MEASURE_TYPES_HINT})"] if probed else []
+    parts += [f"{unprobed} (no probe of it can be written here)"] if unprobed else []
+    why = "; ".join(parts) + "."
+    if measured:
+        why += f" {', '.join(measured)}: measured."
+    return [Reason("weight costs", "estimated", why)]
 
 
 def _recipe_reasons(recipes: Sequence[Recipe]) -> list[Reason]:
@@ -564,6 +665,9 @@ class TokenWork:
     layers: dict[str, int]
     read_rows: dict[str, dict[str, float]] = field(default_factory=dict)
     prefill_rows: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the config's n_threads and n_threads_batch (None: the engine's default)
+    decode_threads: int | None = None
+    prefill_threads: int | None = None
 
 
 def token_work(
@@ -605,7 +709,15 @@ def token_work(
     for index in range(n_layers):
         device = placement.device_of(index)
         layers[device] = layers.get(device, 0) + 1
-    return TokenWork(read, multiplied, layers, read_rows, prefill_rows)
+    return TokenWork(
+        read,
+        multiplied,
+        layers,
+        read_rows,
+        prefill_rows,
+        decode_threads=config.n_threads,
+        prefill_threads=config.n_threads_batch,
+    )
 
 
 def _piece_bits(piece: WeightPiece, spec: ModelSpec) -> float:
@@ -654,36 +766,36 @@ def _speed(
     ram: int,
     n_parallel: int = 1,
 ) -> SpeedEstimate:
-    """Decode: per tier, each weight type's bytes over the bandwidth its kernels reach, half
-    of one slot's KV cache on average (a request reads its own), and on the CPU the fixed
-    cost per layer and the logits; then both speeds scaled by what measured runs taught about
-    the tier that bounds decode. One request's speed: slots decoding together share the
-    weight reads, which this does not model."""
-    unused_experts = 1.0 - (spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0)
+    """Decode: per tier, each weight type's bytes over the bandwidth its kernels reach (on the
+    CPU, `_cpu_decode`), half of one slot's KV cache on average (a request reads its own),
+    and on the CPU the logits; when streaming, what a token reads from disk (`_streaming`);
+    then both speeds scaled by what measured runs taught about the tier that bounds decode.
+    One request's speed: slots decoding together share the weight reads, which this does not
+    model."""
     seconds_by_tier: dict[str, float] = {}
     kv_seconds = 0.0
+    cpu_limit = "memory bandwidth"
     for name, memory in estimate.devices.items():
         bandwidth = _bandwidth(machine, name)
-        read = work.read_bytes.get(name, {})
+        kv_read = memory.kv_bytes / n_parallel / 2
+        kv = kv_read / (bandwidth * machine.decode_efficiency)
         if name == CPU:
-            weights = _cpu_seconds("decode", spec, machine, work)
+            weights, cpu_limit = _cpu_decode(spec, machine, work, kv_read)
         else:
-            weights = sum(read.values()) / (bandwidth * machine.decode_efficiency)
-        kv = memory.kv_bytes / n_parallel / 2 / (bandwidth * machine.decode_efficiency)
+            weights = sum(work.read_bytes.get(name, {}).values()) / (
+                bandwidth * machine.decode_efficiency
+            )
         kv_seconds += kv
         seconds_by_tier[name] = weights + kv
     seconds_by_tier[CPU] = seconds_by_tier.get(CPU, 0.0) + logits_seconds(
         spec.vocab_size or 0, machine.cpu_bandwidth
     )
+    resident, from_disk = _streaming(spec, estimate, ram) if streams_from_disk else (0, 0)
     if streams_from_disk:
-        cpu = estimate.devices[CPU]
-        missing_share = max(0, cpu.total_bytes - ram) / max(cpu.weights_bytes, 1)
-        cpu_read = cpu.weights_bytes - cpu.expert_bytes * unused_experts
-        seconds_by_tier["disk"] = (
-            cpu_read * min(1.0, missing_share) / machine.disk_bandwidth / machine.decode_efficiency
-        )
+        seconds_by_tier["disk"] = from_disk / (machine.disk_bandwidth * MMAP_STREAMING_EFFICIENCY)
     per_token = sum(seconds_by_tier.values())
     bound_by = max(seconds_by_tier, key=lambda tier: seconds_by_tier[tier])
+    limit = {CPU: cpu_limit, "disk": "disk"}.get(bound_by, "memory bandwidth")
     learned_decode = machine.learned.get(f"decode:{bound_by}", 1.0)
     learned_prefill = machine.learned.get(f"prefill:{bound_by}", 1.0)
     prefill = _prefill_tps(spec, machine, work) * learned_prefill
@@ -696,7 +808,56 @@ def _speed(
         decode_tps_empty_context=learned_decode / empty if empty > 0 else 0.0,
         learned_decode=learned_decode,
         learned_prefill=learned_prefill,
+        decode_limit=limit,
+        resident_weights_bytes=resident,
+        disk_read_bytes_per_token=from_disk,
+        decode_read_bytes_per_token=round(
+            from_disk if bound_by == "disk" else sum(work.read_bytes.get(bound_by, {}).values())
+        ),
     )
+
+
+def _cpu_decode(
+    spec: ModelSpec, machine: Machine, work: TokenWork, kv_read_bytes: float
+) -> tuple[float, str]:
+    """A decoded token's weight time on the CPU, and what bounds it. The calibrated kernel
+    costs are the compute side. A token whose weights (and the KV it reads) fit in the
+    last-level cache reads them from there, not from RAM — a 250 MB model in a 480 MiB L3 —
+    so those costs alone bound it ("cache"). Otherwise the bytes also come from RAM, no
+    faster than its measured read bandwidth (calibration probes that ran from the cache are
+    faster than that); RAM bounds the token where that takes MEMORY_BOUND_SHARE of it."""
+    compute = _cpu_seconds("decode", spec, machine, work)
+    read_bytes = sum(work.read_bytes.get(CPU, {}).values())
+    cache = machine.cpu_cache_bytes
+    if cache and read_bytes + kv_read_bytes <= cache:
+        return compute, "cache"
+    ram = read_bytes / machine.read_bandwidth(work.decode_threads)
+    limit = "memory bandwidth" if ram >= MEMORY_BOUND_SHARE * compute else "compute"
+    return max(compute, ram), limit
+
+
+def _streaming(spec: ModelSpec, estimate: MemoryEstimate, ram: int) -> tuple[int, int]:
+    """Weights that stay in RAM from one token to the next while mmap streams the rest, and
+    the bytes a token reads from disk. The page cache evicts what was used least recently.
+    When what a token reads fits in the RAM left beside the KV cache and compute buffers,
+    the always-used tensors (attention, dense FFNs, shared experts, the output layer;
+    repacked copies never leave) stay, and so does a share of the routed experts, of which a
+    token reads only its active ones. When it does not fit — a dense model larger than RAM —
+    every page is evicted before the next token reaches it again, so a token reads all of it
+    from disk (measured: 1.44 of 1.50 GB a token under a 768 MiB limit, where keeping the
+    share that fits would read 0.86). Neither the input embeddings (one row a token) nor the
+    mapped copies of repacked weights are read per token."""
+    cpu = estimate.devices[CPU]
+    room = max(0, ram - (cpu.total_bytes - cpu.weights_bytes))
+    touched = max(0, cpu.weights_bytes - cpu.unread_bytes - cpu.lookup_bytes)
+    routed = min(cpu.expert_bytes, touched)
+    always = touched - routed
+    used_share = spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0
+    per_token = always + routed * used_share
+    if room < per_token:
+        return 0, round(per_token)
+    kept_routed = min(routed, room - always)
+    return always + kept_routed, round((routed - kept_routed) * used_share)
 
 
 def _bandwidth(machine: Machine, device: str) -> float:
@@ -707,14 +868,20 @@ def _bandwidth(machine: Machine, device: str) -> float:
 
 
 def _cpu_seconds(kind: str, spec: ModelSpec, machine: Machine, work: TokenWork) -> float:
-    """A token's time on the CPU: decode's reads, or one prompt token's multiplications."""
-    units, rows = (
-        (work.read_bytes, work.read_rows)
+    """A token's time on the CPU: decode's reads, or one prompt token's multiplications, at
+    the config's threads for that phase."""
+    units, rows, threads = (
+        (work.read_bytes, work.read_rows, work.decode_threads)
         if kind == "decode"
-        else (work.prefill_weights, work.prefill_rows)
+        else (work.prefill_weights, work.prefill_rows, work.prefill_threads)
     )
     return machine.cpu_seconds(
-        kind, units.get(CPU, {}), rows.get(CPU, {}), work.layers.get(CPU, 0), spec.architecture
+        kind,
+        units.get(CPU, {}),
+        rows.get(CPU, {}),
+        work.layers.get(CPU, 0),
+        spec.architecture,
+        threads=threads,
     )
 
 
@@ -823,15 +990,80 @@ def _reasons(
         )
     )
     if best.streams_from_disk:
-        reasons.append(
-            Reason(
-                "use_mmap",
-                "on (streaming)",
-                "The weights exceed RAM: llama.cpp reads what is missing from disk for each "
-                f"token, so decode is bound by the disk (~{best.speed.decode_tps:.2f} tok/s).",
-            )
-        )
+        reasons.append(_streaming_reason(spec, best))
+    reasons.append(_decode_bound_reason(machine, best.speed))
     return reasons
+
+
+def _streaming_reason(spec: ModelSpec, best: Candidate) -> Reason:
+    """What stays in RAM and what each token reads from disk (see `_streaming`)."""
+    speed = best.speed
+    weights = next(d.weights_bytes for d in best.devices if d.device == CPU)
+    kept = (
+        f"About {human_bytes(speed.resident_weights_bytes)} of the {human_bytes(weights)} of "
+        "weights stay in RAM"
+    )
+    from_disk = human_bytes(speed.disk_read_bytes_per_token)
+    if not speed.resident_weights_bytes:
+        cpu = next(d for d in best.devices if d.device == CPU)
+        room = human_bytes(max(0, cpu.capacity_bytes - (cpu.used_bytes - cpu.weights_bytes)))
+        kept = (
+            f"A token reads {from_disk} of weights, more than the {room} of RAM left for them, "
+            "so the page cache evicts each page before the next token needs it again and none "
+            "stay: all of it is read from disk each token"
+        )
+    elif spec.n_expert:
+        kept += (
+            " — first what every token uses (attention, shared experts, dense layers), then "
+            f"some of the routed experts; the active experts a token finds not in RAM, about "
+            f"{from_disk}, are read from disk each token"
+        )
+    else:
+        kept += f"; the other {from_disk} are read from disk each token"
+    why = (
+        "The weights exceed RAM: llama.cpp maps them and reads what is not in RAM from disk. "
+        f"{kept}, so decode is bound by the disk (~{speed.decode_tps:.2f} tok/s)."
+    )
+    return Reason("use_mmap", "on (streaming)", why)
+
+
+def _decode_bound_reason(machine: Machine, speed: SpeedEstimate) -> Reason:
+    """What bounds generation, in words: the plan page's and `hearthside plan`'s line."""
+    tier, read = speed.decode_bound_by, human_bytes(int(speed.decode_read_bytes_per_token))
+    if speed.decode_limit == "cache":
+        cache = human_bytes(machine.cpu_cache_bytes or 0)
+        why = (
+            f"Generation is limited by the CPU's compute, not its memory bandwidth: the {read} "
+            f"of weights each token reads fit in its {cache} L3 cache, so they are read from "
+            "there, not from RAM."
+        )
+        return Reason("decode", "compute-bound (weights in L3 cache)", why)
+    if speed.decode_limit == "compute":
+        why = (
+            f"Generation is limited by the CPU's compute: its kernels take longer over the "
+            f"{read} each token reads than RAM at {machine.cpu_bandwidth / 1e9:.0f} GB/s "
+            "needs to deliver them."
+        )
+        return Reason("decode", "compute-bound", why)
+    if speed.decode_limit == "disk":
+        why = (
+            f"Generation is limited by the disk: each token reads {read} of weights from it "
+            f"(~{machine.disk_bandwidth / 1e9:.1f} GB/s read cold; page faults reach about "
+            f"{MMAP_STREAMING_EFFICIENCY:.0%} of that)."
+        )
+        return Reason("decode", "disk-bound", why)
+    where = "RAM" if tier == CPU else f"{tier}'s memory"
+    bandwidth = _bandwidth(machine, tier) / 1e9
+    why = (
+        f"Generation is limited by memory bandwidth: each token reads {read} of weights from "
+        f"{where} (~{bandwidth:.0f} GB/s)."
+    )
+    return Reason("decode", "memory-bandwidth-bound", why)
+
+
+def decode_bound_text(result: Plan) -> str:
+    """The plan's sentence on what bounds generation ("" for a plan where nothing fits)."""
+    return next((r.why for r in result.reasons if r.setting == "decode"), "")
 
 
 def _advice(spec: ModelSpec, best: Candidate) -> list[str]:

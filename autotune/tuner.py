@@ -29,7 +29,8 @@ from typing import Any, Literal
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.capacity import CapacityAudit, audit_context
 from hearthside.autotune.fingerprint import TuningKey, machine_identity, tuning_key
-from hearthside.autotune.planner import Goal, Plan, plan
+from hearthside.autotune.memory import WeightPiece, pieces_from_spec
+from hearthside.autotune.planner import Goal, Plan, SpeedEstimate, evaluate_config, plan
 from hearthside.autotune.recipes import sync_recipes
 from hearthside.autotune.speculative import (
     DraftOption,
@@ -51,8 +52,9 @@ from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.speculative import SpeculationStats, merge_stats
 from hearthside.core.engine.worker_engine import WorkerEngine
 from hearthside.core.errors import EngineCrashedError, EngineError, EngineLoadError
-from hearthside.core.models.spec import spec_from_gguf
+from hearthside.core.models.spec import ModelSpec, spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
+from hearthside.kernels.engine_run import candidate_thread_counts
 
 EventKind = Literal["start", "measured", "reused", "skipped", "failed", "done"]
 
@@ -118,8 +120,7 @@ def llama_cpp_python_defaults(model_path: str) -> EngineConfig:
 def candidates(base: EngineConfig, profile: HardwareProfile) -> list[EngineConfig]:
     """The planner's pick first, then one change at a time, then the promising pairs."""
     cores = profile.cpu.performance_cores or profile.cpu.physical_cores or 1
-    logical = profile.cpu.logical_cores or cores
-    threads = sorted({cores, max(1, cores // 2), logical}, reverse=True)
+    threads = candidate_thread_counts(cores, profile.cpu.logical_cores or cores)
     variants = [base]
     variants += [base.with_changes(n_threads=count) for count in threads]
     variants += [_with_flash(base, not base.flash_attn)]
@@ -185,6 +186,7 @@ def tune(
         base = replace(planned.config, model_path=str(model_path))
         baseline_config = llama_cpp_python_defaults(str(model_path))
         queue = [baseline_config, *candidates(base, profile)]
+        predictions = predicted_speeds(spec, profile, queue, calibration)
         share = 1.0 - SPECULATION_SHARE if speculation else 1.0
         deadline = started + budget_s * share
         runs: list[RunRecord] = []
@@ -192,7 +194,8 @@ def tune(
             # llama-cpp-python's defaults and the planner's pick are always measured
             if stop.is_set() or (index > 2 and time.monotonic() > deadline):
                 break
-            run = _try(db, key, config, rigor, planned, index, len(queue), notify)
+            predicted = predictions[index - 1]
+            run = _try(db, key, config, rigor, planned, predicted, index, len(queue), notify)
             if run is not None:
                 runs.append(run)
         baseline = next((r for r in runs if _same(r.config, baseline_config)), None)
@@ -275,18 +278,46 @@ def _audit(db: WisdomDB, key: TuningKey, model_path: Path, best: RunRecord) -> C
     return audit
 
 
+def predicted_speeds(
+    spec: ModelSpec,
+    profile: HardwareProfile,
+    configs: Sequence[EngineConfig],
+    calibration: dict[str, float],
+) -> list[SpeedEstimate | None]:
+    """The planner's prediction for each config as it is (its threads, context, batch), the
+    figure its run is compared with: the wizard's predicted bars. None for a config the
+    planner cannot size (one naming a device this machine lacks): it is measured all the
+    same."""
+    pieces = pieces_from_spec(spec)  # once: sizing each config from the spec is slow
+    return [_predicted(spec, profile, config, calibration, pieces) for config in configs]
+
+
+def _predicted(
+    spec: ModelSpec,
+    profile: HardwareProfile,
+    config: EngineConfig,
+    calibration: dict[str, float],
+    pieces: Sequence[WeightPiece],
+) -> SpeedEstimate | None:
+    try:
+        return evaluate_config(spec, profile, config, calibration, pieces=pieces).speed
+    except (LookupError, ValueError, ArithmeticError):
+        return None
+
+
 def _try(
     db: WisdomDB,
     key: TuningKey,
     config: EngineConfig,
     rigor: Rigor,
     planned: Plan,
+    speed: SpeedEstimate | None,
     index: int,
     total: int,
     notify: Listener,
 ) -> RunRecord | None:
     settings = config.to_dict()
-    predicted = planned.speed.decode_tps
+    predicted = speed.decode_tps if speed is not None else None
     if (failure := db.known_failure(key, settings)) is not None:
         notify(
             TuneEvent(
@@ -314,7 +345,7 @@ def _try(
         )
         return known
     notify(TuneEvent("start", index, total, settings, predicted))
-    run = db.record_run(_measure(key, config, rigor, planned))
+    run = db.record_run(_measure(key, config, rigor, speed))
     if run.outcome == "ok":
         if _same(settings, planned.config):  # the prediction is for the planner's own pick
             _learn(db, key, run, planned)
@@ -328,12 +359,15 @@ def _try(
     return run
 
 
-def _measure(key: TuningKey, config: EngineConfig, rigor: Rigor, planned: Plan) -> RunRecord:
+def _measure(
+    key: TuningKey, config: EngineConfig, rigor: Rigor, speed: SpeedEstimate | None
+) -> RunRecord:
     settings = config.to_dict()
-    prediction = {
-        "decode_tps": planned.speed.decode_tps,
-        "prefill_tps": planned.speed.prefill_tps,
-    }
+    prediction = (
+        {"decode_tps": speed.decode_tps, "prefill_tps": speed.prefill_tps}
+        if speed is not None
+        else None
+    )
     try:
         engine = WorkerEngine(config)
     except EngineError as exc:

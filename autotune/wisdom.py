@@ -218,11 +218,33 @@ def _allow_crashed_runs(conn: sqlite3.Connection) -> None:
     conn.executemany("UPDATE defaults SET run_id = ? WHERE rowid = ?", [(r, i) for i, r in kept])
 
 
+def _add_type_costs(conn: sqlite3.Connection) -> None:
+    """Schema 4: the CPU costs of weight types measured on demand (`autotune/type_costs.py`),
+    each fitted against one calibration (its `created_at`) and valid with it only."""
+    conn.execute(
+        """
+        CREATE TABLE type_costs (
+            machine TEXT NOT NULL,
+            type TEXT NOT NULL,
+            calibration TEXT NOT NULL,
+            figures TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (machine, type)
+        )
+        """
+    )
+
+
 WISDOM = DatabaseKind(
     label="the autotune database (wisdom.db)",
     file_name="wisdom.db",
-    schema_version=3,
-    migrations={0: _create_schema_v1, 1: _add_capacity_audits, 2: _allow_crashed_runs},
+    schema_version=4,
+    migrations={
+        0: _create_schema_v1,
+        1: _add_capacity_audits,
+        2: _allow_crashed_runs,
+        3: _add_type_costs,
+    },
     error=WisdomError,
 )
 
@@ -442,6 +464,27 @@ class WisdomDB:
             (machine,),
         )
         return json.loads(row["report"]) if row else None
+
+    # ---- weight types measured on demand ------------------------------------------------
+
+    def save_type_costs(
+        self, machine: str, type_name: str, calibration: str, figures: Mapping[str, float]
+    ) -> None:
+        """Keep one weight type's planner figures ("decode_efficiency:<type>", ...) fitted
+        against the calibration created at `calibration`."""
+        with self._writing():
+            self._conn.execute(
+                "INSERT OR REPLACE INTO type_costs VALUES (?, ?, ?, ?, ?)",
+                (machine, type_name, calibration, _json(dict(figures)), _now()),
+            )
+
+    def type_costs(self, machine: str, calibration: str) -> dict[str, float]:
+        """Every type's figures measured on `machine` against that calibration, together."""
+        rows = self._all(
+            "SELECT figures FROM type_costs WHERE machine = ? AND calibration = ? ORDER BY type",
+            (machine, calibration),
+        )
+        return {key: value for row in rows for key, value in json.loads(row["figures"]).items()}
 
     # ---- recipes -----------------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 """`run_calibration`: every kernel on this machine, within a time budget, with progress.
 
-Groups run in order of what the planner needs most: CPU memory bandwidth, the engine on the
-CPU (the shipped model and, in a full calibration, the speed probes: synthetic models that
-separate fixed, per-row and per-quant-type costs, all timed in the same interleaved rounds),
-the engine on each GPU, the disk, CPU matmul, then the GPU kernels. Each group gets a share
+Groups run in this order: CPU memory bandwidth, the disk and CPU matmul (short, fixed
+kernels), the engine on the CPU (the shipped model and, in a full calibration, the speed
+probes: synthetic models that separate fixed, per-row and per-quant-type costs, all timed in
+the same interleaved rounds), the engine on each GPU, then the GPU kernels. The engine's rounds
+take whatever time is left, so they come after the short kernels: before, a short budget
+spent on the engine's rounds left the disk and matmul skipped. Each group gets a share
 of the budget in proportion to its weight, and time a group saves flows to the ones after it.
 The kernels plan to finish by PLANNING_SHARE of the budget (a kernel always completes its minimum
 repetitions, so they overrun a little on a busy machine); anything still waiting at HARD_SHARE
@@ -61,7 +63,7 @@ from hearthside.kernels.memory import (
 from hearthside.kernels.results import SCHEMA_VERSION, CalibrationReport, hearthside_version
 from hearthside.kernels.torch_support import cpu_device, gpu_devices, import_torch
 
-DEFAULT_BUDGET_S = 120.0
+DEFAULT_BUDGET_S = 60.0
 QUICK_BUDGET_S = 8.0
 PLANNING_SHARE = 0.85
 # Past this share of the budget the remaining kernels are skipped; the rest of the budget is
@@ -225,6 +227,18 @@ def _groups(settings: _Settings, torch: _TorchOnDemand) -> list[_Group]:
             lambda budget, step: _cpu_memory(settings, threads, budget, step),
         ),
         _Group(
+            "disk",
+            QUICK_DISK_WEIGHT if quick else DISK_WEIGHT,
+            1.0,
+            lambda budget, step: [_disk(settings, budget, step)],
+        ),
+        _Group(
+            "cpu matmul",
+            QUICK_CPU_MATMUL_WEIGHT if quick else CPU_MATMUL_WEIGHT,
+            _cpu_matmul_weight(quick),
+            lambda budget, step: _cpu_matmul(settings, torch, budget, step),
+        ),
+        _Group(
             "engine",
             (QUICK_ENGINE_WEIGHT_PER_BACKEND if quick else ENGINE_WEIGHT_PER_BACKEND)
             + len(probes) * ENGINE_WEIGHT_PER_PROBE,
@@ -250,18 +264,6 @@ def _groups(settings: _Settings, torch: _TorchOnDemand) -> list[_Group]:
                 if gpu_backends
                 else []
             ),
-        ),
-        _Group(
-            "disk",
-            QUICK_DISK_WEIGHT if quick else DISK_WEIGHT,
-            1.0,
-            lambda budget, step: [_disk(settings, budget, step)],
-        ),
-        _Group(
-            "cpu matmul",
-            QUICK_CPU_MATMUL_WEIGHT if quick else CPU_MATMUL_WEIGHT,
-            _cpu_matmul_weight(quick),
-            lambda budget, step: _cpu_matmul(settings, torch, budget, step),
         ),
         _Group(
             "gpu",

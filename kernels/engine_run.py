@@ -25,6 +25,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.config import EngineConfig, logical_core_count, physical_core_count
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
 from hearthside.core.probe.profile import EngineDevice
@@ -48,6 +49,7 @@ from hearthside.kernels.measurement import (
 from hearthside.kernels.synthetic_model import SyntheticShape, write_uniform_gguf
 
 if TYPE_CHECKING:
+    from hearthside.core.engine.engine import Engine
     from hearthside.core.engine.worker_engine import WorkerEngine
 
 N_PROMPT = 128
@@ -66,6 +68,7 @@ StepCallback = Callable[[str, float], None]
 MIN_ROUNDS = 3
 MAX_ROUNDS = 60
 LOADING_SHARE = 0.3  # of the progress: writing and loading the probes
+LOADING_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -246,9 +249,15 @@ def measure_cpu(
     quick: bool,
     budget: Budget,
     step: StepCallback | None = None,
+    thread_counts: Sequence[int] | None = None,
 ) -> list[Measurement]:
     """Prefill and decode tok/s on the CPU of `model_path` and of each speed probe (written
     to a temporary folder, deleted after), timed in interleaved rounds within `budget`.
+
+    `model_path` also runs at each of `thread_counts` (default: `scanned_thread_counts`, the
+    counts the tuner tries) other than its own, in the first THREAD_ROUNDS rounds only and
+    with the same token counts: the planner scales its predictions by these runs (their
+    measurements carry "thread_variant" and "threads").
 
     On a shared machine other programs come and go within seconds (measured on a 2-core VM:
     the same probe 40% apart in calibrations minutes apart, one model's rounds 1.5x apart),
@@ -256,16 +265,63 @@ def measure_cpu(
     model runs once per round, one after another, and reports the median of its rounds: all
     the figures are taken under the same conditions.
     """
+    if thread_counts is None:
+        thread_counts = scanned_thread_counts(physical_core_count(), logical_core_count())
     with tempfile.TemporaryDirectory(prefix="hearthside-probe-") as folder, ExitStack() as stack:
         members, failed = _load_members(model_path, probes, Path(folder), stack, budget, step)
+        if members and model_path is not None and "probe" not in members[0].params:
+            members[1:1] = thread_variants(members[0], thread_counts)
         if members:
             _run_rounds(members, quick=quick, budget=budget, step=step)
         return failed + [m for member in members for m in member.measurements()]
 
 
+def candidate_thread_counts(cores: int, logical: int) -> tuple[int, ...]:
+    """The decode thread counts the tuner tries (`tuner.candidates`), largest first: the
+    cores, half of them, every logical core."""
+    return tuple(sorted({cores, max(1, cores // 2), logical}, reverse=True))
+
+
+def scanned_thread_counts(cores: int, logical: int) -> tuple[int, ...]:
+    """The thread counts calibration times the shipped model at: the tuner's, and
+    llama-cpp-python's default (half the logical cores), which the wizard's baseline uses."""
+    counts = {*candidate_thread_counts(cores, logical), max(1, logical // 2)}
+    return tuple(sorted(counts, reverse=True))
+
+
+THREAD_ROUNDS = MIN_ROUNDS  # rounds of each thread variant: few, to keep calibration short
+
+
+def thread_variants(shipped: _Member, thread_counts: Sequence[int]) -> list[_Member]:
+    """`shipped` again at each of `thread_counts` for both phases, on the same engine (the
+    threads are switched before each run); none at the counts its own run already uses."""
+    config = shipped.engine.config
+    own = (config.decode_threads, config.batch_threads)
+    wanted = [n for n in dict.fromkeys(thread_counts) if n > 0 and (n, n) != own]
+    if wanted:
+        shipped.threads = own
+    return [
+        _Member(shipped.engine, shipped.params, threads=(count, count), source=shipped)
+        for count in wanted
+    ]
+
+
+def set_engine_threads(engine: Engine, decode_threads: int, batch_threads: int) -> tuple[int, int]:
+    """Run in the engine worker: the threads llama_decode uses from now on, without a reload
+    (llama.cpp's `llama_set_n_threads`; the weights do not depend on them). Returns the
+    (decode, batch) threads the context then reports."""
+    import llama_cpp
+
+    ctx = engine.llama.ctx
+    llama_cpp.llama_set_n_threads(ctx, decode_threads, batch_threads)
+    return llama_cpp.llama_n_threads(ctx), llama_cpp.llama_n_threads_batch(ctx)
+
+
 @dataclass
 class _Member:
-    """One model in the rounds: its engine, its measurement params and its rounds' tok/s."""
+    """One model in the rounds: its engine, its measurement params and its rounds' tok/s.
+    A thread variant (`source` set) shares its source's engine and token counts and sets
+    `threads` (decode, batch) before each run; so does a source that has variants."""
 
     engine: WorkerEngine
     params: dict[str, Any]
@@ -273,21 +329,45 @@ class _Member:
     n_gen: int = N_GEN
     prefill: list[float] = field(default_factory=list)
     decode: list[float] = field(default_factory=list)
+    threads: tuple[int, int] | None = None
+    source: _Member | None = None
+    engine_threads: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         rng = np.random.default_rng(0)
         size = max(N_PROMPT, N_GEN) + 1
         self.tokens = [int(t) for t in rng.integers(0, self.engine.n_vocab, size=size)]
 
+    @property
+    def rounds(self) -> int:
+        return THREAD_ROUNDS if self.source is not None else MAX_ROUNDS
+
     def size_runs(self, limit_s: float, wanted_gen: int) -> None:
         """Run prefill and decode once at full length, the warm-up; shorten a run that took
-        longer than `limit_s`."""
+        longer than `limit_s`. A thread variant takes its source's counts (its speed is
+        compared with the source's) after a short warm-up at its threads."""
+        self._use_threads()
+        if self.source is not None:
+            self._prefill_s(MIN_PROMPT)
+            self._decode_s(MIN_GEN)
+            self.n_prompt, self.n_gen = self.source.n_prompt, self.source.n_gen
+            return
         self.n_prompt = _shortened(self._prefill_s, N_PROMPT, MIN_PROMPT, limit_s)
         self.n_gen = _shortened(self._decode_s, wanted_gen, MIN_GEN, limit_s)
 
     def run_round(self) -> None:
+        self._use_threads()
         self.prefill.append(self.n_prompt / self._prefill_s(self.n_prompt))
         self.decode.append(self.n_gen / self._decode_s(self.n_gen))
+
+    def _use_threads(self) -> None:
+        if self.threads is not None:
+            self.engine_threads = self.engine.run(set_engine_threads, *self.threads)
+
+    def _phase_threads(self) -> tuple[int, int]:
+        """(decode, batch) threads of the runs: as llama.cpp reported them after the switch."""
+        config = self.engine.config
+        return self.engine_threads or (config.decode_threads, config.batch_threads)
 
     def _prefill_s(self, count: int) -> float:
         return self.engine.time_prefill(self.tokens[:count])
@@ -300,19 +380,22 @@ class _Member:
             return not_measured(SKIPPED_NOTE)
         method = f"llama.cpp llama_decode on random tokens, {self.engine.model_path.name}"
         rounds = f"the median of {len(self.decode)} interleaved rounds"
-        config = self.engine.config
+        decode_threads, batch_threads = self._phase_threads()
+        params = {**self.params, "thread_variant": True} if self.source else self.params
+        if self.source is not None:
+            method += f" at {decode_threads} thread(s)"
         return [
             _over_rounds(
                 "engine_prefill",
                 self.prefill,
                 f"{method}, one batch of {self.n_prompt}, {rounds}",
-                {**self.params, "n_prompt": self.n_prompt, "threads": config.batch_threads},
+                {**params, "n_prompt": self.n_prompt, "threads": batch_threads},
             ),
             _over_rounds(
                 "engine_decode",
                 self.decode,
                 f"{method}, {self.n_gen} tokens one at a time, {rounds}",
-                {**self.params, "n_gen": self.n_gen, "threads": config.decode_threads},
+                {**params, "n_gen": self.n_gen, "threads": decode_threads},
             ),
         ]
 
@@ -337,45 +420,59 @@ def _load_members(
     budget: Budget,
     step: StepCallback | None,
 ) -> tuple[list[_Member], list[Measurement]]:
-    """Load the model and write and load each probe; what cannot be loaded is reported."""
-    members: list[_Member] = []
+    """Load the model and write and load each probe; what cannot be loaded is reported.
+    Loads run in LOADING_THREADS threads beside the writing (each starts a worker process
+    and waits for it: ~1 s of a child's CPU), which took a third off this phase on 2 cores."""
     failed: list[Measurement] = []
-    if model_path is None:
-        failed += not_measured(NO_MODEL_NOTE)
-    else:
-        loaded = _load(model_path, stack)
+    loads: list[tuple[SpeedProbe | None, Future[WorkerEngine | str]]] = []
+    try:
+        with ThreadPoolExecutor(LOADING_THREADS, thread_name_prefix="probe-load") as pool:
+            if model_path is None:
+                failed += not_measured(NO_MODEL_NOTE)
+            else:
+                loads.append((None, pool.submit(_load, model_path)))
+            for done, probe in enumerate(probes):
+                if budget.expired():
+                    failed += _tagged(not_measured(SKIPPED_NOTE), probe, {})
+                    continue
+                if step is not None:
+                    step(f"writing engine probe {probe.name}", LOADING_SHARE * done / len(probes))
+                path = folder / f"probe-{probe.name.lower()}.gguf"
+                write_uniform_gguf(path, probe.shape, probe.type_name)
+                _flush_to_disk(path)
+                loads.append((probe, pool.submit(_load, path)))
+    except BaseException:  # a probe that cannot be written: close what loaded
+        _close_loaded(loads)
+        raise
+    members: list[_Member] = []
+    for probed, load in loads:
+        loaded = load.result()
         if isinstance(loaded, str):
-            failed += not_measured(loaded)
-        else:
-            members.append(_Member(loaded, _params(loaded, CPU_BACKEND)))
-    for done, probe in enumerate(probes):
-        if budget.expired():
-            failed += _tagged(not_measured(SKIPPED_NOTE), probe, {})
+            why = not_measured(loaded)
+            failed += why if probed is None else _tagged(why, probed, {})
             continue
-        if step is not None:
-            step(f"writing engine probe {probe.name}", LOADING_SHARE * done / len(probes))
-        path = folder / f"probe-{probe.name.lower()}.gguf"
-        write_uniform_gguf(path, probe.shape, probe.type_name)
-        _flush_to_disk(path)
-        loaded = _load(path, stack)
-        if isinstance(loaded, str):
-            failed += _tagged(not_measured(loaded), probe, {})
-        else:
-            members.append(_Member(loaded, {**_params(loaded, CPU_BACKEND), "probe": probe.name}))
+        stack.callback(loaded.close)
+        extra = {} if probed is None else {"probe": probed.name}
+        members.append(_Member(loaded, {**_params(loaded, CPU_BACKEND), **extra}))
     return members, failed
 
 
-def _load(path: Path, stack: ExitStack) -> WorkerEngine | str:
+def _close_loaded(loads: Sequence[tuple[object, Future[WorkerEngine | str]]]) -> None:
+    for _probe, load in loads:
+        loaded = load.result()
+        if not isinstance(loaded, str):
+            loaded.close()
+
+
+def _load(path: Path) -> WorkerEngine | str:
     """The engine for `path` on the CPU (in a worker process: a probe that crashes llama.cpp
-    must not end the app), closed with `stack`; or why it could not load."""
+    must not end the app), or why it could not load."""
     from hearthside.core.engine.worker_engine import WorkerEngine
 
     try:
-        engine = WorkerEngine(_engine_config(path, CPU_BACKEND))
+        return WorkerEngine(_engine_config(path, CPU_BACKEND))
     except HearthsideError as error:
         return f"not measured: {error.message}"
-    stack.callback(engine.close)
-    return engine
 
 
 def _run_rounds(
@@ -383,7 +480,8 @@ def _run_rounds(
 ) -> None:
     """A sizing round, then rounds until the budget is spent (at least MIN_ROUNDS)."""
     started, total_s = time.perf_counter(), budget.remaining_s()
-    limit_s = total_s / (len(members) * 2 * (MIN_ROUNDS + 1))
+    sized = [member for member in members if member.source is None]
+    limit_s = total_s / (len(sized) * 2 * (MIN_ROUNDS + 1))
     for member in members:
         member.size_runs(limit_s, QUICK_N_GEN if quick else N_GEN)
     for done in range(MAX_ROUNDS):
@@ -391,7 +489,8 @@ def _run_rounds(
             return
         round_started = time.perf_counter()
         for member in members:
-            member.run_round()
+            if done < member.rounds:
+                member.run_round()
         if step is not None:
             spent = (time.perf_counter() - started) / max(total_s, 1e-9)
             step(f"engine round {done + 1}", LOADING_SHARE + (1 - LOADING_SHARE) * min(1, spent))

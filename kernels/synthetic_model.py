@@ -11,7 +11,8 @@ tensors and metadata under that name; llama.cpp will not load it, which is what 
 unknown architectures want. Widths must be multiples of 32 (the quant block size).
 
 Weights are random blocks tiled from a small random pool (a 1.5B Q4_0 model takes seconds).
-F32, F16, BF16, Q8_0 and Q4_0 are written uniformly; a llama.cpp file type ("Q4_K_M",
+F32, F16, BF16, Q8_0 and Q4_0 are written uniformly (`write_uniform_gguf` writes any of the
+legacy, K-, I- (but IQ1_M), ternary and MXFP4 types too); a llama.cpp file type ("Q4_K_M",
 "Q6_K", ...) gets the tensor types llama.cpp's quantizer would choose, learnt by quantizing a
 narrow proxy of the shape, and falls back to quantizing a Q8_0 file with
 `llama_model_quantize` when a type has no random-block writer here.
@@ -39,6 +40,7 @@ __all__ = [
     "SHAPES",
     "SyntheticShape",
     "synthetic_tensors",
+    "uniform_writable",
     "write_synthetic_gguf",
     "write_uniform_gguf",
 ]
@@ -341,12 +343,24 @@ def write_uniform_gguf(
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     file_type = _UNIFORM_FILE_TYPES.get(type_name) or _llama_file_type(
-        {"Q2_K": "Q2_K", "Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}.get(
-            type_name, type_name
-        )
+        _FILE_TYPE_OF_UNIFORM.get(type_name, type_name)
     )
     label = f"Synthetic {shape.architecture} {type_name} (uniform)"
     return _write_blocks(target, shape, _uniform_types(shape, type_name), file_type, seed, label)
+
+
+# the llama.cpp file type whose name a uniform file of a tensor type carries
+_FILE_TYPE_OF_UNIFORM = {
+    "Q3_K": "Q3_K_M",
+    "Q4_K": "Q4_K_M",
+    "Q5_K": "Q5_K_M",
+    "MXFP4": "MXFP4_MOE",
+}
+
+
+def uniform_writable(type_name: str) -> bool:
+    """Whether `write_uniform_gguf` can write weights of `type_name`."""
+    return type_name.upper() in _WRITABLE_TYPES
 
 
 def _parameter_count(shape: SyntheticShape) -> int:
@@ -471,9 +485,23 @@ _BLOCK_SCALES: dict[str, tuple[tuple[int, ...], float]] = {
     "Q4_K": ((0, 2), 330.0),
     "Q5_K": ((0, 2), 650.0),
     "Q6_K": ((208,), 1370.0),
+    # random bytes index the I-quants' grids and the ternary digits; every index is valid
+    "IQ4_NL": ((0,), 67.0),
+    "IQ4_XS": ((0,), 1250.0),
+    "IQ3_XXS": ((0,), 142.0),
+    "IQ3_S": ((0,), 140.0),
+    "IQ2_XXS": ((0,), 53.0),
+    "IQ2_XS": ((0,), 56.0),
+    "IQ2_S": ((0,), 56.0),
+    "IQ1_S": ((0,), 7.2),
+    "TQ1_0": ((52,), 0.82),
+    "TQ2_0": ((64,), 1.12),
 }
+# MXFP4's scale is one E8M0 byte (2^(e-127)), not an f16: (offset, spread at e = 127).
+# IQ1_M spreads its scale over the nibbles of its sub-block scales: no writer.
+_EXPONENT_SCALES: dict[str, tuple[int, float]] = {"MXFP4": (0, 2.93)}
 _FLOAT_TYPES = ("F32", "F16", "BF16")
-_WRITABLE_TYPES = frozenset(_BLOCK_SCALES) | frozenset(_FLOAT_TYPES)
+_WRITABLE_TYPES = frozenset(_BLOCK_SCALES) | frozenset(_EXPONENT_SCALES) | frozenset(_FLOAT_TYPES)
 _UNIFORM_FILE_TYPES: dict[str, int] = {
     "F32": int(gguf.LlamaFileType.ALL_F32),
     "F16": int(gguf.LlamaFileType.MOSTLY_F16),
@@ -523,6 +551,10 @@ class _RandomBlocks:
             return values.astype(np.float32 if type_name == "F32" else np.float16)
         _, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
         pool = self._rng.integers(0, 256, size=(_POOL_BLOCKS, block_bytes), dtype=np.uint8)
+        if type_name in _EXPONENT_SCALES:
+            offset, spread = _EXPONENT_SCALES[type_name]
+            pool[:, offset] = 127 + round(np.log2(_WEIGHT_STD / spread))
+            return pool
         offsets, spread = _BLOCK_SCALES[type_name]
         scale = np.frombuffer(np.float16(_WEIGHT_STD / spread).tobytes(), dtype=np.uint8)
         for offset in offsets:

@@ -82,6 +82,7 @@ SETTING_NAMES: dict[str, str] = {
     "speculative": "Speculative decoding",
     "use_mmap": "Memory mapping",
     "numa": "NUMA",
+    "weight costs": "Weight type costs",
 }
 # Which row a recipe's reason belongs to, by the settings the recipe sets.
 RECIPE_SETTING_ROWS: dict[str, str] = {
@@ -283,6 +284,8 @@ def setting_rows(plan: Plan) -> list[SettingRow]:
         values["use_mmap"] = ("on" if config.use_mmap else "off", "")
     if config.numa != "off":
         values["numa"] = (config.numa, "")
+    if "weight costs" in reasons:  # which types' CPU costs were measured, which estimated
+        values["weight costs"] = (reasons["weight costs"].value, "")
     rows = []
     for setting, (value, fallback) in values.items():
         reason = reasons.get(setting)

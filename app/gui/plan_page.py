@@ -82,6 +82,7 @@ from hearthside.autotune.planner import (
     KV_CHOICES,
     Goal,
     Plan,
+    decode_bound_text,
     describe_machine,
 )
 from hearthside.autotune.serving import describe_cluster
@@ -564,10 +565,11 @@ class PlanPage(QWidget):
             self.speed_labels[what] = (predicted_label, measured_label)
         self.speed_grid.setColumnStretch(1, 1)
         self.speed_grid.setColumnStretch(2, 1)
-        bound = view.plan.speed.decode_bound_by
+        bound = decode_bound_text(view.plan)
         self.speed_note.setText(
-            f"Generation is limited by {bound} memory bandwidth; first token after a 512-token "
-            "prompt. " + measured_note(view)
+            (bound + " " if bound else "")
+            + "First token: after a 512-token prompt. "
+            + measured_note(view)
         )
 
     def _show_settings(self, plan_: Plan, speculation: Sequence[StoredSpeculation]) -> None:

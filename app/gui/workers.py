@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+import shiboken6
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class BackgroundTask(QObject, Generic[T]):
             if self.error is not None:
                 self._report_error(self.error)
             else:
-                if self._on_done is not None:
+                if self._on_done is not None and _owner_alive(self._on_done):
                     self._on_done(self.result)  # type: ignore[arg-type]
                 self.succeeded.emit(self.result)
         finally:
@@ -92,7 +93,7 @@ class BackgroundTask(QObject, Generic[T]):
             _running.discard(self)
 
     def _report_error(self, error: BaseException) -> None:
-        if self._on_error is not None:
+        if self._on_error is not None and _owner_alive(self._on_error):
             self._on_error(error)
         else:
             log.error("background task failed", exc_info=error)
@@ -136,3 +137,10 @@ class MainThreadRelay(QObject):
     @Slot(object)
     def _call(self, value: Any) -> None:
         self._callback(value)
+
+
+def _owner_alive(callback: Callable[..., object]) -> bool:
+    """False when `callback` is a method of a widget Qt has deleted since the task started (a
+    page closed while it planned): calling it would raise from the deleted widget."""
+    owner = getattr(callback, "__self__", None)
+    return not isinstance(owner, QObject) or shiboken6.isValid(owner)

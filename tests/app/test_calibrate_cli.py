@@ -65,6 +65,10 @@ def test_the_table_shows_values_specs_and_what_was_not_measured() -> None:
     assert "gpu: h2d — no GPU" in text
 
 
+# a run of the shipped model at another thread count than the probes'
+AT_ONE = {"model": "g", "n_prompt": 128, "threads": 1, "thread_variant": True}
+
+
 @pytest.mark.parametrize(
     ("measurement", "text"),
     [
@@ -86,6 +90,7 @@ def test_the_table_shows_values_specs_and_what_was_not_measured() -> None:
             "numpy fp32 1x4096x4096, weights 19.4 GB/s",
         ),
         (measured("engine_decode", "cpu", 70.0, "tok/s", model="gemma", n_gen=32), "gemma tg32"),
+        (measured("engine_prefill", "cpu", 90.0, "tok/s", **AT_ONE), "g pp128, 1 thread(s)"),
     ],
 )
 def test_params_read_as_a_few_words(measurement, text: str) -> None:

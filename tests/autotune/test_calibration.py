@@ -12,10 +12,11 @@ import pytest
 from hearthside.autotune.calibration import calibration_for, planner_figures, store_calibration
 from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.memory import pieces_from_gguf
-from hearthside.autotune.planner import Plan, plan
+from hearthside.autotune.planner import Plan, evaluate_config, plan
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import spec_from_gguf
+from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_hardware
 from hearthside.kernels.measurement import Measurement
 from hearthside.kernels.results import CalibrationReport
@@ -211,7 +212,7 @@ def test_recorded_figures_predict_the_quant_variants_within_20_percent(
     """The prediction for the shipped model's other quants, made from the recorded
     calibration, against their speeds measured right after it on the same VM."""
     figures = planner_figures(recorded_report())
-    profile = probe_hardware()
+    profile = recorded_profile()
     for quant in ("Q8_0", "Q4_0"):
         decode, prefill = recorded_speed(f"gemma-270m {quant}")
         path = quantized(default_model_file, tmp_path, quant)
@@ -238,3 +239,59 @@ def quantized(source: Path, folder: Path, quant: str) -> Path:
         == 0
     )
     return target
+
+
+def with_thread_variants(
+    report: CalibrationReport, threads: int, decode_share: float, prefill_share: float
+) -> CalibrationReport:
+    """`report` plus its shipped model's runs at `threads`, at these shares of its speed."""
+    share = {"engine_decode": decode_share, "engine_prefill": prefill_share}
+    variants = tuple(
+        replace(
+            m,
+            value=m.value * share[m.kind],
+            median=m.value * share[m.kind],
+            params={**m.params, "threads": threads, "thread_variant": True},
+        )
+        for m in report.measurements
+        if m.kind in share and "probe" not in m.params
+    )
+    return replace(report, measurements=report.measurements + variants)
+
+
+def test_the_shipped_model_at_other_thread_counts_gives_a_speedup_per_count() -> None:
+    plain = planner_figures(recorded_report())
+    figures = planner_figures(with_thread_variants(recorded_report(), 1, 0.55, 0.5))
+    assert figures["decode_threads"] == figures["prefill_threads"] == 2  # the probes' threads
+    assert figures["decode_thread_scale:1"] == pytest.approx(0.55)
+    assert figures["prefill_thread_scale:1"] == pytest.approx(0.5)
+    assert "decode_thread_scale:2" not in figures  # the count the probes ran at is the unit
+    assert figures["cpu_read_bytes_per_s:1"] < figures["cpu_read_bytes_per_s:2"]
+    # the variants are no extra probes: every fitted cost is the same without them
+    assert {k: v for k, v in figures.items() if "_thread_scale:" not in k} == plain
+
+
+def test_a_plan_at_one_thread_follows_the_calibrations_one_thread_run(
+    default_model_file: Path,
+) -> None:
+    figures = planner_figures(with_thread_variants(recorded_report(), 1, 0.55, 0.5))
+    spec = spec_from_gguf(default_model_file)
+    profile = recorded_profile()
+    two = plan(spec, profile, n_ctx=2048, calibration=figures)
+    one = evaluate_config(
+        spec, profile, two.config.with_changes(n_threads=1, n_threads_batch=1), figures
+    )
+    assert two.config.n_threads == 2
+    assert one.speed.decode_tps_empty_context / two.speed.decode_tps_empty_context == (
+        pytest.approx(0.55, rel=0.05)
+    )
+    assert one.speed.prefill_tps / two.speed.prefill_tps == pytest.approx(0.5, rel=0.01)
+
+
+def recorded_profile() -> HardwareProfile:
+    """This machine's profile with the cores of the machine the recorded run measured: the
+    calibration's figures are for the threads it ran at."""
+    machine = json.loads(RECORDED_RUN.read_text())["calibration"]["machine"]
+    profile = probe_hardware()
+    cores = {"physical_cores": machine["physical_cores"], "logical_cores": machine["logical_cores"]}
+    return replace(profile, cpu=replace(profile.cpu, performance_cores=None, **cores))

@@ -7,19 +7,23 @@ from typing import Any
 
 import pytest
 
-from hearthside.autotune.memory import CPU
+from hearthside.autotune.memory import CPU, pieces_from_spec
 from hearthside.autotune.planner import (
     DEFAULT_PARALLEL,
     PREFILL_EFFICIENCY,
     Plan,
+    SpeedEstimate,
     cpu_expert_layers,
     describe_machine,
     describe_slots,
     evaluate_config,
     plan,
+    token_work,
 )
+from hearthside.core.engine.config import EngineConfig
 from hearthside.core.models.catalog import catalog_spec
 from hearthside.core.models.descriptor import spec_from_descriptor
+from hearthside.core.models.spec import ModelSpec
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.spec import expand_spec, load_spec
 
@@ -343,3 +347,51 @@ def test_a_plans_slots_are_in_its_json() -> None:
     )
     assert slots["total_context"] == result.config.n_ctx * result.config.n_parallel
     assert slots["kv_bytes"] == sum(d.kv_bytes for d in result.devices) and slots["text"]
+
+
+# --- threads --------------------------------------------------------------------------------
+
+
+def cpu_speed(spec: ModelSpec, figures: dict[str, float], **threads: int) -> SpeedEstimate:
+    """The predicted speed of `spec` on an 8-core, 16-thread CPU with these threads."""
+    config = EngineConfig(spec.name, n_ctx=2048, flash_attn=True, **threads)
+    return evaluate_config(spec, machine(memory_gb=32), config, figures).speed
+
+
+def test_a_thread_count_calibration_measured_scales_its_prediction_by_what_it_measured() -> None:
+    spec = catalog_spec("llama-3.1-8b")
+    figures = {
+        "cpu_read_bytes_per_s": 20e9,
+        "decode_efficiency": 0.6,
+        "decode_threads": 8,
+        "prefill_threads": 16,
+        "decode_thread_scale:4": 0.7,
+        "prefill_thread_scale:4": 0.45,
+    }
+    full, half = cpu_speed(spec, figures, n_threads=8), cpu_speed(spec, figures, n_threads=4)
+    assert half.decode_tps_empty_context / full.decode_tps_empty_context == pytest.approx(
+        0.7, rel=0.02
+    )
+    assert half.prefill_tps == pytest.approx(full.prefill_tps)  # its batch threads: all 16
+    half_batch = cpu_speed(spec, figures, n_threads=8, n_threads_batch=4)
+    assert half_batch.prefill_tps / full.prefill_tps == pytest.approx(0.45)
+
+
+def test_unmeasured_thread_counts_scale_with_the_cores_used_and_no_faster_than_ram() -> None:
+    spec = catalog_spec("llama-3.1-8b")
+    figures = {"cpu_read_bytes_per_s": 20e9, "decode_efficiency": 0.6}
+    eight = cpu_speed(spec, figures, n_threads=8).decode_tps_empty_context
+    four = cpu_speed(spec, figures, n_threads=4).decode_tps_empty_context
+    assert four == pytest.approx(eight / 2, rel=0.02)
+    # SMT siblings add no cores: 16 threads on 8 cores decode as 8 do
+    assert cpu_speed(spec, figures, n_threads=16).decode_tps_empty_context == pytest.approx(eight)
+    prefill = cpu_speed(spec, figures, n_threads=8).prefill_tps  # batch: all 16 threads
+    assert cpu_speed(spec, figures, n_threads=8, n_threads_batch=4).prefill_tps == (
+        pytest.approx(prefill / 2)
+    )
+    # 4 threads that read RAM at only 3 GB/s are bound by it
+    slow_ram = {**figures, "cpu_read_bytes_per_s:4": 3e9}
+    config = EngineConfig(spec.name, n_ctx=2048, n_threads=4)
+    read = sum(token_work(spec, config, (), pieces_from_spec(spec)).read_bytes[CPU].values())
+    bound = cpu_speed(spec, slow_ram, n_threads=4).decode_tps_empty_context
+    assert bound == pytest.approx(3e9 / read, rel=0.02) and bound < four

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hearthside.autotune.calibration import planner_figures
 from hearthside.autotune.fingerprint import TuningKey
 from hearthside.autotune.planner import plan
 from hearthside.autotune.tuner import (
@@ -19,13 +20,18 @@ from hearthside.autotune.tuner import (
     _learn,
     candidates,
     llama_cpp_python_defaults,
+    predicted_speeds,
     save_tuned_defaults,
     tune,
 )
 from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig, TensorOverride
 from hearthside.core.models.catalog import catalog_spec
+from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.probe.runner import probe_hardware
+from hearthside.core.probe.spec import expand_spec
+from hearthside.kernels.measurement import Measurement
+from hearthside.kernels.results import CalibrationReport
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
 
@@ -114,6 +120,8 @@ def test_a_failed_configuration_is_recorded_and_never_retried(
     with WisdomDB(tmp_path / "wisdom.db") as wisdom:
         tune(small_model, profile, budget_s=30, wisdom=wisdom, listener=events.append)
         assert [e.kind for e in events if e.config == broken.to_dict()] == ["start", "failed"]
+        # a device this machine lacks: the planner cannot size it, so it has no predicted bar
+        assert all(e.predicted_decode_tps is None for e in events if e.config == broken.to_dict())
         events.clear()
         tune(small_model, profile, budget_s=30, wisdom=wisdom, listener=events.append)
         assert [e.kind for e in events if e.config == broken.to_dict()] == ["skipped"]
@@ -177,6 +185,9 @@ def test_a_candidate_that_crashes_the_engine_is_recorded_and_the_next_is_measure
         tune(small_model, profile, budget_s=600, wisdom=wisdom, listener=listen, speculation=False)
         kinds = {config_key(e.config): e.kind for e in events if e.kind in ("measured", "failed")}
         assert kinds[config_key(doomed.to_dict())] == "failed"
+        predicted = {config_key(e.config): e.predicted_decode_tps for e in events[:-1]}
+        if (profile.cpu.physical_cores or 1) > 1:  # one thread of several: a lower bar
+            assert predicted[config_key(doomed.to_dict())] < predicted[config_key(base.to_dict())]
         assert kinds[config_key(third.to_dict())] == "measured"
         (crashed,) = [run for run in wisdom.export()["runs"] if run["outcome"] == "crashed"]
         assert "SIGSEGV" in crashed["error"]
@@ -201,3 +212,47 @@ def segfault_next_worker(before: set[int], timeout_s: float = 30.0) -> None:
             os.kill(new.pop(), signal.SIGSEGV)
             return
         time.sleep(0.01)
+
+
+def recorded(kind: str, value: float, threads: int, **params: object) -> Measurement:
+    unit = "GB/s" if kind == "memory_read" else "tok/s"
+    return Measurement(
+        kind, "cpu", value, unit, value, 0.02, 3, "recorded", {"threads": threads, **params}
+    )
+
+
+def test_each_candidate_is_predicted_at_its_own_threads(small_model: Path) -> None:
+    """What the wizard's bars show: a 1-thread candidate's predicted speed against the
+    2-thread one's follows what calibration measured at each count, on a 2-core machine."""
+    two_cores = expand_spec(
+        {"schema": 1, "cpu": {"cores": 2, "threads": 2}, "memory_gb": 16, "disk": {}}
+    )
+    decode, prefill = {2: 40.0, 1: 22.0}, {2: 300.0, 1: 160.0}
+    shipped = {"model_path": str(small_model)}
+    measurements = [
+        recorded("memory_read", 10.0, 1),
+        recorded("memory_read", 18.0, 2),
+        recorded("engine_decode", decode[2], 2, **shipped),
+        recorded("engine_prefill", prefill[2], 2, **shipped),
+        recorded("engine_decode", decode[1], 1, **shipped, thread_variant=True),
+        recorded("engine_prefill", prefill[1], 1, **shipped, thread_variant=True),
+    ]
+    figures = planner_figures(
+        CalibrationReport(1, "2026-12-01T00:00:00+00:00", "0.1.0", {}, tuple(measurements), (), 9)
+    )
+    spec = spec_from_gguf(small_model)
+    base = plan(spec, two_cores, n_ctx=2048, calibration=figures, n_parallel=1).config
+    one = next(c for c in candidates(base, two_cores) if c == base.with_changes(n_threads=1))
+    both_one = base.with_changes(n_threads=1, n_threads_batch=1)
+    two_speed, one_speed, both_one_speed = predicted_speeds(
+        spec, two_cores, [base, one, both_one], figures
+    )
+    assert base.n_threads == 2
+    assert one_speed.decode_tps_empty_context / two_speed.decode_tps_empty_context == (
+        pytest.approx(decode[1] / decode[2], rel=0.05)
+    )
+    assert one_speed.decode_tps < two_speed.decode_tps
+    assert one_speed.prefill_tps == pytest.approx(two_speed.prefill_tps)  # batch threads kept
+    assert both_one_speed.prefill_tps / two_speed.prefill_tps == pytest.approx(
+        prefill[1] / prefill[2], rel=0.01
+    )

@@ -240,6 +240,7 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
         db.record_run(run(FAST))
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE capacity_audits")
+    conn.execute("DROP TABLE type_costs")  # schema 4's
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()

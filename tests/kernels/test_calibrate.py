@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hearthside.core.engine.config import logical_core_count, physical_core_count
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.spec import expand_spec
@@ -21,6 +22,7 @@ from hearthside.kernels.engine_run import (
     PROBE_TYPES,
     PROBE_WIDTHS,
     SHORT_OVERHEAD_PROBE,
+    scanned_thread_counts,
 )
 from hearthside.kernels.measurement import NO_GPU_NOTE
 
@@ -69,10 +71,15 @@ def test_a_whole_calibration_fits_its_budget_with_every_figure(default_model_fil
     steps = {name for name, _ in progress}
     assert {"memory read, 1 thread(s)", "engine round 1", "disk read"} <= steps
     # the shipped model and every speed probe, timed in the same rounds
-    runs = report.measured("engine_decode", "cpu")
+    decode = report.measured("engine_decode", "cpu")
+    runs = [m for m in decode if not m.params.get("thread_variant")]
     probes = {None, OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE, *probe_names()}
     assert {m.params.get("probe") for m in runs} == probes
     assert len({m.repetitions for m in runs}) == 1
+    # and the shipped model in their first rounds at the tuner's other thread counts
+    variants = {m.params["threads"] for m in decode if m.params.get("thread_variant")}
+    own = (physical_core_count(), logical_core_count())  # its decode and batch threads
+    assert variants == {n for n in scanned_thread_counts(*own) if (n, n) != own}
 
 
 def probe_names() -> list[str]:

@@ -26,20 +26,23 @@ from hearthside.kernels.engine_run import (
     READ_BYTES,
     READ_ROWS,
     SHORT_OVERHEAD_PROBE,
+    THREAD_ROUNDS,
     EngineBackend,
     SpeedProbe,
     backend_label,
     backends_for,
+    candidate_thread_counts,
     engine_weight,
     measure_cpu,
     measure_engine,
     per_token_work,
+    scanned_thread_counts,
     speed_probes,
     type_bits,
     work_by_type,
 )
 from hearthside.kernels.measurement import Budget
-from hearthside.kernels.synthetic_model import SyntheticShape
+from hearthside.kernels.synthetic_model import SyntheticShape, write_uniform_gguf
 
 
 def test_ggml_device_names_become_measurement_devices() -> None:
@@ -156,7 +159,9 @@ def test_the_model_and_the_probes_are_timed_in_the_same_rounds(
     default_model_file: Path,
 ) -> None:
     tiny_q2_k = SpeedProbe("Q2_K", "Q2_K", SyntheticShape("llama", 2, 256, 4, 1, 512, n_vocab=512))
-    measurements = measure_cpu(default_model_file, [tiny_q2_k], quick=True, budget=Budget(8.0, 1))
+    measurements = measure_cpu(
+        default_model_file, [tiny_q2_k], quick=True, budget=Budget(8.0, 1), thread_counts=()
+    )
     assert [(m.kind, m.params.get("probe")) for m in measurements] == [
         ("engine_prefill", None),
         ("engine_decode", None),
@@ -175,3 +180,44 @@ def test_the_model_and_the_probes_are_timed_in_the_same_rounds(
     assert not Path(probe_decode.params["model_path"]).exists()  # the probe file is gone
     # the 268M-weight model is far slower per token than a 2-layer probe
     assert probe_decode.value > model_decode.value
+
+
+def test_the_shipped_model_is_also_timed_at_the_tuners_other_thread_counts(
+    tmp_path: Path,
+) -> None:
+    model = write_uniform_gguf(
+        tmp_path / "tiny.gguf", SyntheticShape("llama", 2, 256, 4, 1, 512, n_vocab=512), "Q8_0"
+    )
+    own = EngineConfig(str(model))
+    others = [n for n in (1, 2) if (n, n) != (own.decode_threads, own.batch_threads)]
+    measurements = measure_cpu(
+        model, [], quick=True, budget=Budget(3.0, 1), thread_counts=(1, 2, 1)
+    )
+    assert all(m.ok for m in measurements), [m.note for m in measurements]
+    shipped = [m for m in measurements if not m.params.get("thread_variant")]
+    variants = [m for m in measurements if m.params.get("thread_variant")]
+    assert [(m.kind, m.params["threads"]) for m in shipped] == [
+        ("engine_prefill", own.batch_threads),
+        ("engine_decode", own.decode_threads),
+    ]
+    # each other count once, both phases at it, as llama.cpp reported after the switch
+    assert [(m.kind, m.params["threads"]) for m in variants] == [
+        (kind, n) for n in others for kind in ("engine_prefill", "engine_decode")
+    ]
+    for variant in variants:
+        like = next(m for m in shipped if m.kind == variant.kind)
+        assert variant.repetitions == THREAD_ROUNDS <= like.repetitions
+        # the same token counts as the shipped run, so the speeds compare
+        assert (variant.params.get("n_gen"), variant.params.get("n_prompt")) == (
+            like.params.get("n_gen"),
+            like.params.get("n_prompt"),
+        )
+        assert variant.params["model_path"] == like.params["model_path"]
+
+
+def test_the_thread_counts_timed_are_the_tuners_and_llama_cpp_pythons_default() -> None:
+    assert candidate_thread_counts(2, 2) == (2, 1)
+    assert candidate_thread_counts(8, 16) == (16, 8, 4)
+    assert scanned_thread_counts(8, 16) == (16, 8, 4)  # the default, 16 // 2, is among them
+    assert scanned_thread_counts(6, 6) == (6, 3)
+    assert scanned_thread_counts(4, 6) == (6, 4, 3, 2)  # a hybrid: 6 // 2 is not a candidate

@@ -123,7 +123,8 @@ def test_every_setting_shows_its_reason(qtbot: QtBot, page: PlanPage) -> None:
         assert name in shown and shown[name][1], name
     assert shown["Context"][0] == f"{view.plan.config.n_ctx:,} tokens"
     assert shown["KV cache type"][0] == view.plan.config.type_k
-    all_reasons = " ".join(why for _value, why in shown.values())
+    # what bounds generation is said under the predicted speeds
+    all_reasons = " ".join([*(why for _value, why in shown.values()), page.speed_note.text()])
     for reason in view.plan.reasons:
         assert reason.why in all_reasons, reason.setting
     _value, why_label = page.setting_labels["GPU layers"]

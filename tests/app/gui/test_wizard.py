@@ -136,6 +136,11 @@ def test_measures_the_default_model_and_applies_the_winner(
     assert len(chart.entries) == len(result.runs)  # failures too, each in its place
     assert all(e.measured_tps and e.predicted_tps and e.memory_bytes for e in measured)
     assert measured[0].baseline and sum(entry.chosen for entry in chart.entries) == 1
+    # each bar is predicted at its own threads: the defaults' fewer cores get a lower one
+    defaults, pick = chart.entries[0], chart.entries[1]
+    cores = profile.cpu.performance_cores or profile.cpu.physical_cores or 1
+    if defaults.config["n_threads"] < pick.config["n_threads"] <= cores:
+        assert (defaults.predicted_tps or 0) < (pick.predicted_tps or 0)
 
     with WisdomDB() as db:
         before_apply = db.default_for(result.key)

@@ -275,7 +275,7 @@ def test_a_full_queue_answers_503_at_once(default_model_file: Path) -> None:
     running = Running(controller, service)
     long_story = {
         "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
-        "max_tokens": 300,
+        "max_tokens": 120,  # seconds of decoding: the queue fills and refuses within them
         "temperature": 0,
     }
     try:
