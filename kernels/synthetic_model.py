@@ -368,10 +368,11 @@ def _parameter_count(shape: SyntheticShape) -> int:
 
 
 def _llama_file_type(quant: str) -> int:
-    try:
-        return int(gguf.LlamaFileType[f"MOSTLY_{quant}"])
-    except KeyError:
-        raise ValueError(f"llama.cpp has no file type {quant!r}") from None
+    names = gguf.LlamaFileType.__members__
+    found = names.get(f"MOSTLY_{quant}") or names.get(f"ALL_{quant}")  # ALL_F32
+    if found is None:
+        raise ValueError(f"llama.cpp has no file type {quant!r}")
+    return int(found)
 
 
 def _uniform_types(shape: SyntheticShape, type_name: str) -> dict[str, str]:

@@ -98,6 +98,7 @@ def test_the_plan_says_which_type_an_estimate_came_from(tmp_path: Path) -> None:
 
 def test_the_synthetic_writer_covers_the_types_llama_cpp_runs(tmp_path: Path) -> None:
     types = ("Q4_1", "Q5_1", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ2_XXS", "IQ1_S", "TQ1_0", "MXFP4")
+    types += ("F32", "F16")  # a MoE's routers are F32: --measure-types probes them too
     for type_name in types:
         path = uniform_model(tmp_path, type_name)
         assert model_weight_types(pieces_from_gguf(validate_gguf(path))) == [type_name]
