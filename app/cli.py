@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hearthside.app.models_cli import add_models_parser
     from hearthside.app.plan_cli import add_plan_parser
     from hearthside.app.probe_cli import add_probe_parser
+    from hearthside.app.quality_cli import add_quality_parser
     from hearthside.app.recipe_cli import add_recipe_parser
     from hearthside.app.remote_cli import add_remote_parser
     from hearthside.app.serve_cli import add_serve_parser
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_remote_parser(subparsers)
     add_wisdom_parser(subparsers)
     add_tune_parser(subparsers)
+    add_quality_parser(subparsers)
     add_calibrate_parser(subparsers)
     add_gui_parser(subparsers)
     add_launcher_parser(subparsers)

@@ -33,7 +33,7 @@ from hearthside.autotune.variants import (
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.models.gguf_validator import validate_gguf
-from hearthside.core.models.store import DB_FILE_NAME, DEFAULT_REF, ModelRecord, ModelStore
+from hearthside.core.models.store import DB_FILE_NAME, DEFAULT_REF, ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
 
@@ -176,7 +176,7 @@ def installed_variants(ref: str) -> list[Variant]:
     with ModelStore(data_dir()) as store:
         if ref != DEFAULT_REF and store.find(ref) is None:
             return []
-        family = _family(store, store.resolve(ref))
+        family = store.family(store.resolve(ref))
         labels = [record.quant or record.id for record in family]
         return [
             Variant(
@@ -186,20 +186,6 @@ def installed_variants(ref: str) -> list[Variant]:
             )
             for label, record in zip(labels, family, strict=True)
         ]
-
-
-def _family(store: ModelStore, record: ModelRecord) -> list[ModelRecord]:
-    """Every model made from the same original as `record` (variants of variants too)."""
-    root, seen = record, {record.id}
-    while root.variant_of and root.variant_of not in seen and store.find(root.variant_of):
-        seen.add(root.variant_of)
-        root = store.get(root.variant_of)
-    family, queue = [], [root]
-    while queue:
-        current = queue.pop(0)
-        family.append(current)
-        queue += [v for v in store.variants_of(current.id) if v.id not in {r.id for r in family}]
-    return family
 
 
 def _calibration(profile: HardwareProfile) -> dict[str, float]:

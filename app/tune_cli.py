@@ -37,7 +37,8 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
         "--budget-s",
         type=float,
         default=60.0,
-        help="stop starting new measurements after this long (default 60)",
+        help="the whole run's time: it ends within about this many seconds, what did not "
+        "fit said in its notes (default 60)",
     )
     parser.add_argument(
         "--thorough", action="store_true", help="longer measurements (pp512/tg128, 5 repetitions)"
@@ -85,6 +86,7 @@ def result_as_dict(result: TuneResult) -> dict[str, object]:
         "speedup_over_defaults": result.speedup,
         "capacity_audit": result.audit.to_dict() if result.audit else None,
         "speculation": [decision.to_dict() for decision in result.speculation],
+        "notes": [note.to_dict() for note in result.notes],
         "runs": [_run_dict(run) for run in result.runs],
     }
 
@@ -104,6 +106,9 @@ def describe_result(result: TuneResult) -> str:
     if result.audit is not None:
         lines.append(f"Context check: {result.audit.message}")
     lines.extend(_speculation_lines(result.speculation))
+    if result.notes:
+        lines.append("Shortened or skipped (to keep the time budget, or why not):")
+        lines.extend(f"  {note.phase}: {note.reason}" for note in result.notes)
     if result.speedup is not None:
         lines.append(
             f"Chosen settings decode {result.speedup:.2f}x llama-cpp-python's defaults; "

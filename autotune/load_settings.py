@@ -37,18 +37,12 @@ from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.planner import DEFAULT_PARALLEL, evaluate_config
 from hearthside.autotune.wisdom import ModelDefault, WisdomDB
-from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
+from hearthside.core.engine.config import EngineConfig
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.spec import ModelSpec, spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
 
 Source = Literal["tuned", "planned", "engine defaults"]
-ONE_SLOT_FOR_SPECULATION = (
-    "One request at a time: speculative decoding, measured faster here, works with one."
-)
-NO_SPECULATION_WITH_SLOTS = (
-    "Speculative decoding is off: it works with one request at a time, and more were asked for."
-)
 PLANNED_WHY = (
     "Planned for this machine, not measured yet (`hearthside tune` or Optimize… measures it)."
 )
@@ -150,14 +144,8 @@ def _tuned_with_slots(
 ) -> LoadSettings:
     """The measured settings (which fit with one slot) with the slots asked for — halved
     until they fit — or, unasked, the most up to DEFAULT_PARALLEL that fit beside them.
-
-    Speculative decoding works with one slot only (core/engine/batch.py): a tuned config that
-    speculates keeps one slot unless slots were asked for, and then it stops speculating."""
-    if tuned.speculative.enabled and (slots is None or slots == 1):
-        return LoadSettings(tuned, "tuned", f"{why} {ONE_SLOT_FOR_SPECULATION}")
-    if tuned.speculative.enabled:
-        tuned = tuned.with_changes(speculative=SpeculativeConfig())
-        why = f"{why} {NO_SPECULATION_WITH_SLOTS}"
+    Measured speculation stays on: it runs while one request is generating alone
+    (core/engine/batch.py)."""
     tries = slot_steps(slots) if slots is not None else list(range(DEFAULT_PARALLEL, 1, -1))
     config = next(
         (c for n in tries if fits(c := tuned.with_changes(n_parallel=n))),

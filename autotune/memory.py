@@ -34,8 +34,10 @@ CPU = "CPU"
 F32_BYTES = 4
 F16_BYTES = 2
 # Weight types the CPU backend repacks (ggml-cpu repack.cpp) when the CPU has the kernels.
-REPACKED_ON_X86_AVX2 = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
-REPACKED_ON_ARM_NEON = frozenset({"Q4_0", "IQ4_NL"})
+# what ggml-cpu's repack.cpp (`ggml_repack_get_optimal_repack_type`, llama.cpp 0.3.36) repacks
+REPACKED_ON_X86_AVX2 = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
+REPACKED_ON_X86_AVX512 = REPACKED_ON_X86_AVX2 | {"Q2_K"}
+REPACKED_ON_ARM_NEON = frozenset({"Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "MXFP4", "Q8_0"})
 # f32 activations per batch token alive at each phase's peak, fitted to llama.cpp's logged
 # compute buffers over synthetic models (benchmarks/memory_model.py, docs/architecture.md).
 # Attention: rows n_embd wide, n_head x head_dim wide and n_head_kv x head_dim wide (one more
@@ -77,7 +79,12 @@ class DeviceMemory:
     kv_bytes: int = 0
     compute_bytes: int = 0
     output_bytes: int = 0
-    expert_bytes: int = 0  # the routed experts among the weights (a token reads a few)
+    # the routed experts among the weights (a token reads a few); on the CPU those read from
+    # the mapping only, not those repacked
+    expert_bytes: int = 0
+    # copies of repacked weights in anonymous memory: the kernel cannot page them back from
+    # the file, so they stay in RAM whatever else streams
+    repacked_bytes: int = 0
     lookup_bytes: int = 0  # input embeddings: a token reads one row of them, not all
     unread_bytes: int = 0  # mapped but never read (the file's copy of repacked weights)
     layers: list[int] = field(default_factory=list)
@@ -114,7 +121,7 @@ class MemoryEstimate:
 def repacked_types(cpu_flags: Sequence[str], arch: str) -> frozenset[str]:
     """The weight types this CPU's backend repacks (and so holds twice when mmapped)."""
     if arch in ("x86_64", "amd64") and "avx2" in cpu_flags:
-        return REPACKED_ON_X86_AVX2
+        return REPACKED_ON_X86_AVX512 if "avx512f" in cpu_flags else REPACKED_ON_X86_AVX2
     if arch in ("arm64", "aarch64") and "dotprod" in cpu_flags:
         return REPACKED_ON_ARM_NEON
     return frozenset()
@@ -244,13 +251,15 @@ def _place_weights(
     used_from_map = 0
     for piece in pieces:
         device = device_of_piece(piece, placement, config)
-        if "_exps" in piece.name:
+        is_repacked = piece.matmul and bool(piece.type_names) and set(piece.type_names) <= repacked
+        if "_exps" in piece.name and not (device == CPU and is_repacked):
             estimate.device(device).expert_bytes += piece.bytes
         if device != CPU:
             estimate.device(device).weights_bytes += piece.bytes
             continue
-        if piece.matmul and piece.type_names and set(piece.type_names) <= repacked:
+        if is_repacked:
             estimate.device(CPU).weights_bytes += piece.bytes
+            estimate.device(CPU).repacked_bytes += piece.bytes
             if config.use_mmap and piece.offset is None:
                 mapped.append(piece)  # a spec's group sits inside the mapped range
             continue

@@ -25,13 +25,20 @@ prefill by compute. Measured runs in the autotune DB outrank it (the tuner's job
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from hearthside.autotune.calibration import LEARNED, logits_seconds
-from hearthside.autotune.cpu_costs import MEASURED, KernelCosts, bits_per_weight, layer_seconds
+from hearthside.autotune.cpu_costs import (
+    MEASURED,
+    KernelCosts,
+    bits_per_weight,
+    describe_key,
+    layer_seconds,
+)
 from hearthside.autotune.memory import (
     CPU,
     LayerPlacement,
@@ -47,7 +54,7 @@ from hearthside.autotune.wisdom import Recipe
 from hearthside.core.engine.config import EngineConfig, TensorOverride
 from hearthside.core.models.spec import ModelSpec, TensorGroup
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
-from hearthside.kernels.engine_run import last_block_ffn
+from hearthside.kernels.engine_run import base_type, experts_key, last_block_ffn
 from hearthside.kernels.synthetic_model import uniform_writable
 
 PLAN_SCHEMA = 1
@@ -74,6 +81,12 @@ MEMORY_BOUND_SHARE = 0.5
 # speed: 0.34 measured on the 2-core EPYC VM's virtio disk (benchmarks/disk_streaming.py, a
 # dense 1.6 GB model under a 768 MiB cgroup limit).
 MMAP_STREAMING_EFFICIENCY = 0.35
+# A page fault on the mapped model reads a window of the file around the page, not the page:
+# the device's read-ahead, twice it once the file is fadvised sequential as llama.cpp does
+# (measured: 16 MiB read per fault, centred on it, where read_ahead_kb is 8192).
+FAULT_WINDOW_READ_AHEADS = 2
+ASSUMED_READ_AHEAD_BYTES = 128 * 1024  # Linux's default read_ahead_kb, where none was probed
+EXPERT_MATRICES = 3  # gate, up, down: a spec's experts group holds all three
 PROMPT_TOKENS_FOR_TTFT = 512
 KV_CHOICES = ("f16", "q8_0", "q4_0")
 # Slots the planner gives a model unless asked: the window's chat and a few API clients (an
@@ -125,6 +138,10 @@ class SpeedEstimate:
     # streaming from disk: the weights that stay in RAM, and the bytes a token reads from disk
     resident_weights_bytes: int = 0
     disk_read_bytes_per_token: int = 0
+    # of those in RAM, the repacked copies (anonymous memory, never paged back from the file)
+    pinned_weights_bytes: int = 0
+    # the share of the routed experts' bytes a token's page faults bring in (`_streaming`)
+    expert_fetch_share: float = 0.0
     decode_read_bytes_per_token: int = 0  # weights a token reads on the bounding tier
 
 
@@ -140,6 +157,8 @@ class Candidate:
     speed: SpeedEstimate
     fits: bool
     streams_from_disk: bool
+    # why a candidate that does not fit cannot stream from disk either ("" when it can)
+    stream_blocked: str = ""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -215,6 +234,13 @@ class Machine:
     # the threads a config without n_threads (decode) / n_threads_batch (prefill) runs with
     cpu_cores: int = 1
     cpu_logical_cores: int = 1
+    read_ahead_bytes: int | None = None  # the models disk's; None: unknown
+
+    @property
+    def fault_window_bytes(self) -> int:
+        """What one page fault on the mapped model file reads from disk."""
+        read_ahead = self.read_ahead_bytes or ASSUMED_READ_AHEAD_BYTES
+        return FAULT_WINDOW_READ_AHEADS * read_ahead
 
     def default_threads(self, kind: str) -> int:
         return self.cpu_cores if kind == "decode" else max(self.cpu_cores, self.cpu_logical_cores)
@@ -472,7 +498,12 @@ def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) ->
         cpu_cache_bytes=cpu.l3_cache_bytes,
         cpu_cores=cores,
         cpu_logical_cores=cpu.logical_cores or cores,
+        read_ahead_bytes=_models_disk_read_ahead(profile),
     )
+
+
+def _models_disk_read_ahead(profile: HardwareProfile) -> int | None:
+    return next((d.read_ahead_bytes for d in profile.disks if d.read_ahead_bytes), None)
 
 
 def _contexts(spec: ModelSpec, goal: Goal, n_ctx: int | None) -> list[int]:
@@ -560,15 +591,16 @@ def weight_cost_reasons(machine: Machine, work: TokenWork) -> list[Reason]:
     measured = [t for t, source in sources.items() if source == MEASURED]
     estimated = [t for t, source in sources.items() if source != MEASURED]
     if not estimated:
-        why = f"{', '.join(measured)}: measured on this machine."
+        why = f"{', '.join(map(describe_key, measured))}: measured on this machine."
         return [Reason("weight costs", "measured", why)]
-    probed = ", ".join(f"{t} {sources[t]}" for t in estimated if uniform_writable(t))
-    unprobed = ", ".join(f"{t} {sources[t]}" for t in estimated if not uniform_writable(t))
+    writable = [t for t in estimated if uniform_writable(base_type(t))]
+    probed = ", ".join(f"{describe_key(t)} {sources[t]}" for t in writable)
+    unprobed = ", ".join(f"{describe_key(t)} {sources[t]}" for t in estimated if t not in writable)
     parts = [f"{probed} (not measured on this machine; {MEASURE_TYPES_HINT})"] if probed else []
     parts += [f"{unprobed} (no probe of it can be written here)"] if unprobed else []
     why = "; ".join(parts) + "."
     if measured:
-        why += f" {', '.join(measured)}: measured."
+        why += f" {', '.join(map(describe_key, measured))}: measured."
     return [Reason("weight costs", "estimated", why)]
 
 
@@ -610,8 +642,13 @@ def _evaluate(
     gpus_fit = all(d.free_bytes >= 0 for d in devices if d.device != CPU)
     cpu = next(d for d in devices if d.device == CPU)
     fits = gpus_fit and cpu.free_bytes >= 0
-    # mmap can page weights in from disk when RAM is short, if everything else fits
-    streams = gpus_fit and not fits and cpu.free_bytes + cpu.weights_bytes >= 0
+    # mmap can page weights in from disk when RAM is short, if everything else fits, the
+    # repacked copies too: they are anonymous memory, not pages of the file
+    pinned = estimate.devices[CPU].repacked_bytes
+    all_but_weights_fit = cpu.free_bytes + cpu.weights_bytes >= 0
+    rest_fits = gpus_fit and not fits and config.use_mmap and all_but_weights_fit
+    streams = rest_fits and cpu.free_bytes + cpu.weights_bytes - pinned >= 0
+    blocked = _repacked_block(machine, pieces, cpu, pinned) if rest_fits and not streams else ""
     work = token_work(spec, config, machine.gpus, pieces)
     speed = _speed(
         spec,
@@ -621,8 +658,26 @@ def _evaluate(
         streams_from_disk=streams,
         ram=cpu.capacity_bytes,
         n_parallel=config.n_parallel,
+        expert_fetch_share=(
+            expert_fetch_share(spec, pieces, machine.fault_window_bytes) if streams else 0.0
+        ),
     )
-    return Candidate(config, devices, speed, fits, streams)
+    return Candidate(config, devices, speed, fits, streams, blocked)
+
+
+def _repacked_block(
+    machine: Machine, pieces: Sequence[WeightPiece], cpu: DeviceBudget, pinned_bytes: int
+) -> str:
+    """Why weights that would stream cannot: the repacked ones do not fit in RAM."""
+    held = {t for piece in pieces for t in piece.type_names} & machine.repacked
+    types = "/".join(sorted(held or machine.repacked))
+    room = max(0, cpu.free_bytes + cpu.weights_bytes)
+    return (
+        f"This CPU's llama.cpp repacks {types} weights into a faster layout at load: "
+        f"{human_bytes(pinned_bytes)} of them, in anonymous memory that cannot be streamed from "
+        f"the file, more than the {human_bytes(room)} of RAM left beside the KV cache and "
+        "compute buffers, so the model cannot stream from disk either."
+    )
 
 
 def _budgets(estimate: MemoryEstimate, machine: Machine, margin: int) -> tuple[DeviceBudget, ...]:
@@ -674,7 +729,8 @@ def token_work(
     spec: ModelSpec, config: EngineConfig, gpus: Sequence[str], pieces: Sequence[WeightPiece]
 ) -> TokenWork:
     """Decode reads every weight matrix once per token — only the used share of routed
-    experts, and of the input embeddings one row, unless they double as the output layer;
+    experts (costed under their own key, `experts_key`), and of the input embeddings one
+    row, unless they double as the output layer;
     prefill multiplies the blocks' matrices for every prompt token (the output layer and the
     last block's FFN run for the last one only). The same rule as
     `kernels.engine_run.per_token_work`, placed."""
@@ -694,17 +750,19 @@ def token_work(
             if embeddings
             else device_of_piece(piece, placement, config)
         )
-        share = used_share if "_exps" in piece.name else 1.0
+        routed = "_exps" in piece.name
+        share = used_share if routed else 1.0
         in_block = piece.layer is not None and piece.layer < n_layers
         in_block = in_block and not last_block_ffn(piece.name, n_layers)
         weights = piece.bytes * 8 / _piece_bits(piece, spec)
         split = share / max(1, len(piece.type_names))  # a group of no type adds nothing
         for type_name in piece.type_names:
-            _add(read, device, type_name, piece.bytes * split)
-            _add(read_rows, device, type_name, piece.rows * split)
+            key = experts_key(type_name) if routed else type_name
+            _add(read, device, key, piece.bytes * split)
+            _add(read_rows, device, key, piece.rows * split)
             if in_block and not embeddings:
-                _add(multiplied, device, type_name, weights * split)
-                _add(prefill_rows, device, type_name, piece.rows * split)
+                _add(multiplied, device, key, weights * split)
+                _add(prefill_rows, device, key, piece.rows * split)
     layers: dict[str, int] = {}
     for index in range(n_layers):
         device = placement.device_of(index)
@@ -765,6 +823,7 @@ def _speed(
     streams_from_disk: bool,
     ram: int,
     n_parallel: int = 1,
+    expert_fetch_share: float = 1.0,
 ) -> SpeedEstimate:
     """Decode: per tier, each weight type's bytes over the bandwidth its kernels reach (on the
     CPU, `_cpu_decode`), half of one slot's KV cache on average (a request reads its own),
@@ -790,7 +849,9 @@ def _speed(
     seconds_by_tier[CPU] = seconds_by_tier.get(CPU, 0.0) + logits_seconds(
         spec.vocab_size or 0, machine.cpu_bandwidth
     )
-    resident, from_disk = _streaming(spec, estimate, ram) if streams_from_disk else (0, 0)
+    resident, from_disk = (
+        _streaming(estimate, ram, expert_fetch_share) if streams_from_disk else (0, 0)
+    )
     if streams_from_disk:
         seconds_by_tier["disk"] = from_disk / (machine.disk_bandwidth * MMAP_STREAMING_EFFICIENCY)
     per_token = sum(seconds_by_tier.values())
@@ -811,6 +872,8 @@ def _speed(
         decode_limit=limit,
         resident_weights_bytes=resident,
         disk_read_bytes_per_token=from_disk,
+        pinned_weights_bytes=estimate.devices[CPU].repacked_bytes if streams_from_disk else 0,
+        expert_fetch_share=expert_fetch_share if streams_from_disk and spec.n_expert else 0.0,
         decode_read_bytes_per_token=round(
             from_disk if bound_by == "disk" else sum(work.read_bytes.get(bound_by, {}).values())
         ),
@@ -836,28 +899,59 @@ def _cpu_decode(
     return max(compute, ram), limit
 
 
-def _streaming(spec: ModelSpec, estimate: MemoryEstimate, ram: int) -> tuple[int, int]:
+def _streaming(estimate: MemoryEstimate, ram: int, expert_fetch_share: float) -> tuple[int, int]:
     """Weights that stay in RAM from one token to the next while mmap streams the rest, and
-    the bytes a token reads from disk. The page cache evicts what was used least recently.
-    When what a token reads fits in the RAM left beside the KV cache and compute buffers,
-    the always-used tensors (attention, dense FFNs, shared experts, the output layer;
-    repacked copies never leave) stay, and so does a share of the routed experts, of which a
-    token reads only its active ones. When it does not fit — a dense model larger than RAM —
-    every page is evicted before the next token reaches it again, so a token reads all of it
-    from disk (measured: 1.44 of 1.50 GB a token under a 768 MiB limit, where keeping the
-    share that fits would read 0.86). Neither the input embeddings (one row a token) nor the
-    mapped copies of repacked weights are read per token."""
+    the bytes a token reads from disk. The page cache evicts what was used least recently;
+    repacked copies are anonymous memory and never leave. When what a token reads fits in the
+    RAM left beside them, the KV cache and compute buffers, the always-used tensors
+    (attention, dense FFNs, shared experts, the output layer) stay, and so does a share of the
+    routed experts, of which a token's page faults bring in `expert_fetch_share`. When it does
+    not fit — a dense model larger than RAM, or a MoE whose disk's read-ahead brings in whole
+    expert tensors — every page is evicted before the next token reaches it again, so a token
+    reads all of it from disk (measured: 1.44 of 1.50 GB a token for a dense model under a
+    768 MiB limit, where keeping the share that fits would read 0.86). Neither the input
+    embeddings (one row a token) nor the mapped originals of repacked weights are read."""
     cpu = estimate.devices[CPU]
-    room = max(0, ram - (cpu.total_bytes - cpu.weights_bytes))
-    touched = max(0, cpu.weights_bytes - cpu.unread_bytes - cpu.lookup_bytes)
+    pinned = cpu.repacked_bytes
+    room = max(0, ram - (cpu.total_bytes - cpu.weights_bytes) - pinned)
+    touched = max(0, cpu.weights_bytes - pinned - cpu.unread_bytes - cpu.lookup_bytes)
     routed = min(cpu.expert_bytes, touched)
     always = touched - routed
-    used_share = spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0
-    per_token = always + routed * used_share
+    per_token = always + routed * expert_fetch_share
     if room < per_token:
-        return 0, round(per_token)
+        return pinned, round(per_token)
     kept_routed = min(routed, room - always)
-    return always + kept_routed, round((routed - kept_routed) * used_share)
+    return pinned + always + kept_routed, round((routed - kept_routed) * expert_fetch_share)
+
+
+def expert_fetch_share(spec: ModelSpec, pieces: Sequence[WeightPiece], window_bytes: int) -> float:
+    """The share of the routed experts' bytes a token's page faults read when none of them
+    are cached. An active expert's slice of a tensor (1/n_expert of it) is read with the
+    fault window around it: `window_bytes` centred on its first fault, or its slice and half
+    a window more where the slice is longer (read-ahead runs on past its end), at most the
+    tensor. With n_expert_used experts active, a slice is read when any of them lies within
+    that reach of it (a hypergeometric chance); a large read-ahead brings in whole tensors."""
+    if not spec.n_expert:
+        return 1.0
+    used = min(spec.n_expert_used or 1, spec.n_expert)
+    total = fetched = 0.0
+    for piece in pieces:
+        if "_exps" not in piece.name or not piece.bytes:
+            continue
+        matrices = 1 if piece.offset is not None else EXPERT_MATRICES  # a tensor or a group
+        slice_bytes = piece.bytes / matrices / spec.n_expert
+        read = max(window_bytes, slice_bytes + window_bytes / 2)
+        reach = min(float(spec.n_expert), read / slice_bytes)
+        fetched += piece.bytes * _share_within_reach(spec.n_expert, used, reach)
+        total += piece.bytes
+    return fetched / total if total else used / spec.n_expert
+
+
+def _share_within_reach(n_expert: int, used: int, reach: float) -> float:
+    """The chance a slice is read: that some of `used` distinct experts among `n_expert` lie
+    within `reach` slices of it (1 - C(n - reach, used) / C(n, used))."""
+    missed = math.prod(max(0.0, (n_expert - reach - i) / (n_expert - i)) for i in range(used))
+    return 1.0 - missed
 
 
 def _bandwidth(machine: Machine, device: str) -> float:
@@ -990,41 +1084,77 @@ def _reasons(
         )
     )
     if best.streams_from_disk:
-        reasons.append(_streaming_reason(spec, best))
+        reasons.append(_streaming_reason(spec, machine, best))
     reasons.append(_decode_bound_reason(machine, best.speed))
     return reasons
 
 
-def _streaming_reason(spec: ModelSpec, best: Candidate) -> Reason:
+def _streaming_reason(spec: ModelSpec, machine: Machine, best: Candidate) -> Reason:
     """What stays in RAM and what each token reads from disk (see `_streaming`)."""
     speed = best.speed
-    weights = next(d.weights_bytes for d in best.devices if d.device == CPU)
+    cpu = next(d for d in best.devices if d.device == CPU)
     kept = (
-        f"About {human_bytes(speed.resident_weights_bytes)} of the {human_bytes(weights)} of "
-        "weights stay in RAM"
+        f"About {human_bytes(speed.resident_weights_bytes)} of the "
+        f"{human_bytes(cpu.weights_bytes)} of weights stay in RAM"
     )
     from_disk = human_bytes(speed.disk_read_bytes_per_token)
-    if not speed.resident_weights_bytes:
-        cpu = next(d for d in best.devices if d.device == CPU)
-        room = human_bytes(max(0, cpu.capacity_bytes - (cpu.used_bytes - cpu.weights_bytes)))
+    if speed.resident_weights_bytes <= speed.pinned_weights_bytes:
+        room = cpu.capacity_bytes - (cpu.used_bytes - cpu.weights_bytes)
+        room = max(0, room - speed.pinned_weights_bytes)
         kept = (
-            f"A token reads {from_disk} of weights, more than the {room} of RAM left for them, "
-            "so the page cache evicts each page before the next token needs it again and none "
-            "stay: all of it is read from disk each token"
+            f"A token reads {from_disk} of weights, more than the {human_bytes(room)} of RAM "
+            "left for them, so the page cache evicts each page before the next token needs it "
+            "again and none stay: all of it is read from disk each token"
         )
     elif spec.n_expert:
         kept += (
             " — first what every token uses (attention, shared experts, dense layers), then "
-            f"some of the routed experts; the active experts a token finds not in RAM, about "
+            f"some of the routed experts; the experts' pages a token finds not in RAM, about "
             f"{from_disk}, are read from disk each token"
         )
     else:
         kept += f"; the other {from_disk} are read from disk each token"
     why = (
         "The weights exceed RAM: llama.cpp maps them and reads what is not in RAM from disk. "
-        f"{kept}, so decode is bound by the disk (~{speed.decode_tps:.2f} tok/s)."
+        f"{_read_around_text(spec, machine, speed)}{kept}{_pinned_text(speed)}, so decode is "
+        f"bound by the disk (~{speed.decode_tps:.2f} tok/s)."
     )
     return Reason("use_mmap", "on (streaming)", why)
+
+
+def _read_around_text(spec: ModelSpec, machine: Machine, speed: SpeedEstimate) -> str:
+    """For a MoE: how much of its routed experts a token's page faults bring in, and why."""
+    if not spec.n_expert:
+        return ""
+    read_ahead = machine.read_ahead_bytes or ASSUMED_READ_AHEAD_BYTES
+    where = "this disk's" if machine.read_ahead_bytes else "an assumed"
+    window = (
+        f"Each page fault reads {_small_bytes(machine.fault_window_bytes)} of the file around "
+        f"it ({where} read-ahead of {_small_bytes(read_ahead)}, doubled by llama.cpp's "
+        "sequential hint)"
+    )
+    active = f"a token's {spec.n_expert_used} active experts of {spec.n_expert}"
+    share = f"about {speed.expert_fetch_share:.0%} of the routed experts' tensors"
+    used = f"not {spec.n_expert_used / spec.n_expert:.0%}"
+    if speed.expert_fetch_share >= 0.9:
+        return (
+            f"{window}, wider than an expert's slice of a tensor, so it brings in whole expert "
+            f"tensors: {active} read {share}, {used}. "
+        )
+    return f"{window}, so {active} read {share}, {used}. "
+
+
+def _small_bytes(size_bytes: int) -> str:
+    return f"{size_bytes // 1024} KiB" if size_bytes < MIB else human_bytes(size_bytes)
+
+
+def _pinned_text(speed: SpeedEstimate) -> str:
+    if not speed.pinned_weights_bytes:
+        return ""
+    return (
+        f" (the {human_bytes(speed.pinned_weights_bytes)} of repacked weights stay in any case: "
+        "they live in anonymous memory, not in the file)"
+    )
 
 
 def _decode_bound_reason(machine: Machine, speed: SpeedEstimate) -> Reason:
@@ -1107,6 +1237,9 @@ def _nothing_fits(
             f"closest settings are {short / GIB:.1f} GiB short, and {would}. Fewer parallel "
             "requests, a shorter context (--ctx) or a smaller quant make room."
         )
+    blocked = next((c.stream_blocked for c in candidates if c.stream_blocked), "")
+    if blocked:
+        advice += " " + blocked
     return Plan(
         model=spec.name,
         goal=goal,

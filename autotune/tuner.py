@@ -7,9 +7,13 @@ Each candidate loads in an engine worker process of its own (`WorkerEngine`), so
 that crashes llama.cpp (a signal, a GGML_ASSERT) ends only that process: it is recorded as
 `crashed` and the next candidate is measured. Every result — out-of-memory, failures and
 crashes included — goes into the autotune DB with its rigor; a configuration that already
-failed is never tried again, and one already measured at least as rigorously is answered from
-the DB. Measured over predicted speed updates the
-machine's efficiency factors, and the winner becomes the model's default on this machine.
+failed is never tried again (one that timed out is: see below), and one already measured at
+least as rigorously is answered from the DB. The whole run keeps one time budget
+(`autotune/tune_budget.py`): weight types the calibration lacks first (`tune_types.py`),
+candidates, speculation, the winner's context audit, each with a deadline; a measurement past
+its deadline is stopped and recorded as `timeout`, and what was cut is in `TuneResult.notes`.
+Measured over predicted speed updates the machine's efficiency factors, and the winner
+becomes the model's default on this machine.
 Progress goes to a listener (the CLI's progress line, the GUI wizard's chart).
 """
 
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hearthside.autotune.calibration import calibration_for
-from hearthside.autotune.capacity import CapacityAudit, audit_context
+from hearthside.autotune.capacity import CapacityAudit, audit_context_within
 from hearthside.autotune.fingerprint import TuningKey, machine_identity, tuning_key
 from hearthside.autotune.memory import WeightPiece, pieces_from_spec
 from hearthside.autotune.planner import Goal, Plan, SpeedEstimate, evaluate_config, plan
@@ -45,6 +49,14 @@ from hearthside.autotune.speculative import (
     relative_draft_cost,
     speculative_key,
 )
+from hearthside.autotune.tune_budget import (
+    MIN_AUDIT_S,
+    PhaseNote,
+    TuneClock,
+    Watchdog,
+    estimated_audit_s,
+)
+from hearthside.autotune.tune_types import measure_missing_types
 from hearthside.autotune.wisdom import Outcome, Rigor, RunRecord, WisdomDB, config_key
 from hearthside.core.engine.bench import measure_verify_cost, run_bench
 from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
@@ -99,6 +111,7 @@ class TuneResult:
     plan: Plan
     audit: CapacityAudit | None = None  # of the winner's context
     speculation: tuple[SpeculationDecision, ...] = ()  # one per workload, measured on the winner
+    notes: tuple[PhaseNote, ...] = ()  # phases shortened or skipped to keep the budget, and why
 
     @property
     def speedup(self) -> float | None:
@@ -159,25 +172,29 @@ def tune(
     drafts: Sequence[Path] = (),
     workloads: Sequence[Workload] | None = None,
 ) -> TuneResult:
-    """Measure candidates until `budget_s` runs out; store runs, efficiency and the winner.
+    """Measure within `budget_s` in all; store runs, efficiency and the winner.
 
-    With `speculation`, the last `SPECULATION_SHARE` of the budget measures speculative
-    decoding on the winner, per workload (prompt lookup, and each of `drafts`: smaller models
-    with the same vocabulary); the chat workload's choice goes into the saved default, every
-    workload's into its own default (`speculative_key`). `workloads` defaults to the shipped
-    ones (`assets/speculative_prompts.json`). With `save_default=False` nothing is saved as a
-    default (the wizard saves on Apply); runs are always recorded.
+    The budget covers the whole run (`autotune/tune_budget.py`): the model's weight types
+    the calibration lacks are measured first (so the predictions are "measured"), then the
+    candidates, then, with `speculation`, speculative decoding on the winner per workload
+    (prompt lookup, and each of `drafts`: smaller models with the same vocabulary; the chat
+    workload's choice goes into the saved default, every workload's into its own default,
+    `speculative_key`), then the winner's context audit. What did not fit is in `notes`.
+    `workloads` defaults to the shipped ones (`assets/speculative_prompts.json`). With
+    `save_default=False` nothing is saved as a default (the wizard saves on Apply); runs are
+    always recorded.
     """
     notify = listener or (lambda _event: None)
     stop = cancel or threading.Event()
     owned = wisdom is None
     db = wisdom or WisdomDB()
     try:
-        started = time.monotonic()
+        clock = TuneClock(budget_s)
         key = tuning_key(profile, model_path)
         db.note_machine(key.machine, machine_identity(profile))
         sync_recipes(db)
         spec = spec_from_gguf(model_path)
+        notes = list(measure_missing_types(model_path, profile, db, clock))
         calibration = calibration_for(profile, db)
         # one slot: a run measures one request, and loads add the slots (load_settings.py)
         planned = plan(
@@ -187,21 +204,17 @@ def tune(
         baseline_config = llama_cpp_python_defaults(str(model_path))
         queue = [baseline_config, *candidates(base, profile)]
         predictions = predicted_speeds(spec, profile, queue, calibration)
-        share = 1.0 - SPECULATION_SHARE if speculation else 1.0
-        deadline = started + budget_s * share
-        runs: list[RunRecord] = []
-        for index, config in enumerate(queue, start=1):
-            # llama-cpp-python's defaults and the planner's pick are always measured
-            if stop.is_set() or (index > 2 and time.monotonic() > deadline):
-                break
-            predicted = predictions[index - 1]
-            run = _try(db, key, config, rigor, planned, predicted, index, len(queue), notify)
-            if run is not None:
-                runs.append(run)
-        baseline = next((r for r in runs if _same(r.config, baseline_config)), None)
-        tuned = [r for r in runs if r is not baseline and r.outcome == "ok"]
+        audit_s = estimated_audit_s(base.n_ctx, planned.speed.prefill_tps, planned.speed.decode_tps)
+        clock.split(audit_s, speculation=speculation)
+        runs = _measure_candidates(db, key, queue, predictions, rigor, planned, clock, notify, stop)
+        notes += runs.notes
+        baseline = next((r for r in runs.runs if _same(r.config, baseline_config)), None)
+        tuned = [r for r in runs.runs if r is not baseline and r.outcome == "ok"]
         best = max(tuned, key=lambda run: _goal_score(run, goal), default=None)
         decisions: tuple[SpeculationDecision, ...] = ()
+        if best is not None:
+            n_ctx = int(best.config.get("n_ctx") or TUNING_CONTEXT)
+            clock.hold_for_audit(estimated_audit_s(n_ctx, best.prefill_tps, best.decode_tps))
         if best is not None and speculation and not stop.is_set():
             decisions = decide_speculation(
                 db,
@@ -209,24 +222,104 @@ def tune(
                 model_path,
                 best.config,
                 rigor=rigor,
-                deadline=started + budget_s,
+                deadline=clock.speculation_end,  # no grace: the audit's time comes next
                 drafts=drafts,
                 workloads=workloads,
                 listener=notify,
                 cancel=stop,
                 first_index=len(queue) + 1,
             )
+            notes += _speculation_notes(decisions, clock)
         audit = None
+        if best is None and not stop.is_set():
+            notes += _no_winner_notes(speculation)
         if best is not None:
             if save_default:
                 _save_defaults(db, key, best, goal, decisions)
             if not stop.is_set():
-                audit = _audit(db, key, model_path, best)
+                audit, audit_note = _audit(db, key, model_path, best, clock)
+                notes += [audit_note] if audit_note is not None else []
         notify(TuneEvent("done", len(queue), len(queue), best.config if best else {}))
-        return TuneResult(key, goal, best, baseline, tuple(runs), planned, audit, decisions)
+        return TuneResult(
+            key, goal, best, baseline, tuple(runs.runs), planned, audit, decisions, tuple(notes)
+        )
     finally:
         if owned:
             db.close()
+
+
+@dataclass(frozen=True)
+class _Measured:
+    runs: list[RunRecord]
+    notes: list[PhaseNote]
+
+
+def _measure_candidates(
+    db: WisdomDB,
+    key: TuningKey,
+    queue: Sequence[EngineConfig],
+    predictions: Sequence[SpeedEstimate | None],
+    rigor: Rigor,
+    planned: Plan,
+    clock: TuneClock,
+    notify: Listener,
+    stop: threading.Event,
+) -> _Measured:
+    """The queue in order until the candidates' deadline: llama-cpp-python's defaults (with
+    half the time before speculation's deadline) and the planner's pick (until the end)
+    always, the others while one more as long as the typical one so far still fits."""
+    runs: list[RunRecord] = []
+    durations: list[float] = []
+    for index, config in enumerate(queue, start=1):
+        if stop.is_set():
+            break
+        always = index <= 2
+        deadline = _deadline(index, clock)
+        typical_s = statistics.median(durations) if durations else 0.0
+        if not always and clock.now() + typical_s > deadline:
+            share = clock.candidates_end - clock.started
+            why = (
+                f"tried {index - 1} of {len(queue)}: the {max(share, 0):.0f} s of the "
+                f"budget for candidates ran out (one takes about {typical_s:.1f} s here)"
+            )
+            return _Measured(runs, [PhaseNote("candidates", why)])
+        started = clock.now()
+        watchdog = Watchdog(deadline + clock.grace_s)
+        predicted = predictions[index - 1]
+        run = _try(db, key, config, rigor, planned, predicted, index, len(queue), notify, watchdog)
+        if run is not None:
+            runs.append(run)
+            if clock.now() - started > 0.5:  # measured now, not answered from the DB
+                durations.append(clock.now() - started)
+    return _Measured(runs, [])
+
+
+def _no_winner_notes(speculation: bool) -> list[PhaseNote]:
+    why = "not run: no tuned setting was measured within the budget"
+    notes = [PhaseNote("speculation", why)] if speculation else []
+    return [*notes, PhaseNote("audit", why)]
+
+
+def _deadline(index: int, clock: TuneClock) -> float:
+    if index == 1:  # the defaults: the comparison, less use than the pick if time is short
+        return (clock.now() + clock.speculation_end) / 2
+    return clock.end if index == 2 else clock.candidates_end
+
+
+def _speculation_notes(
+    decisions: Sequence[SpeculationDecision], clock: TuneClock
+) -> list[PhaseNote]:
+    unmeasured = [d.workload for d in decisions if d.reference_decode_tps is None]
+    if not unmeasured:
+        return []
+    share = clock.speculation_end - clock.candidates_end
+    return [
+        PhaseNote(
+            "speculation",
+            f"not measured for {', '.join(unmeasured)}: the {max(share, 0):.0f} s of the "
+            "budget for speculative decoding ran out, or its trials failed (see each reason)",
+        )
+    ]
 
 
 def save_tuned_defaults(db: WisdomDB, result: TuneResult) -> bool:
@@ -266,16 +359,34 @@ def save_speculation_defaults(
         db.set_default(speculative_key(key, decision.workload), workload_config, goal)
 
 
-def _audit(db: WisdomDB, key: TuningKey, model_path: Path, best: RunRecord) -> CapacityAudit:
-    """Check the winner's context really holds what it promises, and record it."""
+def _audit(
+    db: WisdomDB, key: TuningKey, model_path: Path, best: RunRecord, clock: TuneClock
+) -> tuple[CapacityAudit | None, PhaseNote | None]:
+    """Check the winner's context really holds what it promises, in what is left of the
+    budget, and record it; a note when the check was cut short or could not run."""
+    left_s = clock.left_s()
+    if left_s < MIN_AUDIT_S:
+        why = (
+            f"not run: {max(left_s, 0):.1f} s of the budget were left, the context check "
+            f"needs at least {MIN_AUDIT_S:.1f} s"
+        )
+        return None, PhaseNote("audit", why)
     config = EngineConfig.from_dict({**best.config, "model_path": str(model_path)})
-    engine = WorkerEngine(config)
+    watchdog = Watchdog(clock.end + clock.grace_s)
     try:
-        audit = engine.run(audit_context)
+        engine = WorkerEngine(config)
+    except EngineError as exc:
+        return None, PhaseNote("audit", f"not run: the winner did not load again ({exc.message})")
+    try:
+        with watchdog.watching(engine.pid):
+            audit = engine.run(audit_context_within, max(0.0, clock.left_s()))
+    except EngineError as exc:
+        why = "it ran past the budget" if watchdog.fired else exc.message
+        return None, PhaseNote("audit", f"not finished: {why}")
     finally:
         engine.close()
     db.record_audit(key, best.config, audit.to_dict())
-    return audit
+    return audit, None if audit.complete else PhaseNote("audit", f"shortened: {audit.message}")
 
 
 def predicted_speeds(
@@ -315,10 +426,11 @@ def _try(
     index: int,
     total: int,
     notify: Listener,
+    watchdog: Watchdog,
 ) -> RunRecord | None:
     settings = config.to_dict()
     predicted = speed.decode_tps if speed is not None else None
-    if (failure := db.known_failure(key, settings)) is not None:
+    if (failure := _known_failure(db, key, settings)) is not None:
         notify(
             TuneEvent(
                 "skipped",
@@ -345,7 +457,7 @@ def _try(
         )
         return known
     notify(TuneEvent("start", index, total, settings, predicted))
-    run = db.record_run(_measure(key, config, rigor, speed))
+    run = db.record_run(_measure(key, config, rigor, speed, watchdog))
     if run.outcome == "ok":
         if _same(settings, planned.config):  # the prediction is for the planner's own pick
             _learn(db, key, run, planned)
@@ -359,10 +471,23 @@ def _try(
     return run
 
 
+def _known_failure(db: WisdomDB, key: TuningKey, settings: dict[str, Any]) -> RunRecord | None:
+    """A failure not to repeat; a timeout is not one: it says the budget was short, not that
+    the settings fail, so a later run (with its own budget) measures them again."""
+    failure = db.known_failure(key, settings)
+    return failure if failure is not None and failure.outcome != "timeout" else None
+
+
 def _measure(
-    key: TuningKey, config: EngineConfig, rigor: Rigor, speed: SpeedEstimate | None
+    key: TuningKey,
+    config: EngineConfig,
+    rigor: Rigor,
+    speed: SpeedEstimate | None,
+    watchdog: Watchdog,
 ) -> RunRecord:
+    """llama-bench style runs of `config`; `timeout` when `watchdog` had to stop them."""
     settings = config.to_dict()
+    limit_s = watchdog.limit_s()
     prediction = (
         {"decode_tps": speed.decode_tps, "prefill_tps": speed.prefill_tps}
         if speed is not None
@@ -376,14 +501,18 @@ def _measure(
         )
     try:
         size = THOROUGH if rigor == "thorough" else QUICK
-        report = run_bench(
-            engine,
-            n_prompt=size.n_prompt,
-            n_gen=size.n_gen,
-            repetitions=size.repetitions,
-            warmup_s=size.warmup_s,
-        )
+        with watchdog.watching(engine.pid):
+            report = run_bench(
+                engine,
+                n_prompt=size.n_prompt,
+                n_gen=size.n_gen,
+                repetitions=size.repetitions,
+                warmup_s=size.warmup_s,
+            )
     except EngineError as exc:
+        if watchdog.fired:
+            why = f"not finished within the {limit_s:.1f} s the tuning budget left it"
+            return RunRecord(key, settings, rigor, "timeout", predicted=prediction, error=why)
         outcome: Outcome = "crashed" if isinstance(exc, EngineCrashedError) else "failed"
         return RunRecord(key, settings, rigor, outcome, predicted=prediction, error=exc.message)
     finally:
@@ -457,7 +586,6 @@ def _unique(configs: Iterable[EngineConfig]) -> list[EngineConfig]:
 
 # ---- speculative decoding, measured on the winner ------------------------------------------
 
-SPECULATION_SHARE = 0.35  # of the budget kept for speculative decoding
 _TRIALS_PER_WORKLOAD = 3  # reference, probe, the cost model's pick: for progress totals
 
 
@@ -469,6 +597,7 @@ def decide_speculation(
     *,
     rigor: Rigor = "quick",
     deadline: float | None = None,
+    grace_s: float = 0.0,
     drafts: Sequence[Path] = (),
     workloads: Sequence[Workload] | None = None,
     listener: Listener | None = None,
@@ -477,7 +606,10 @@ def decide_speculation(
 ) -> tuple[SpeculationDecision, ...]:
     """For each workload, measure speculative decoding on `config` and decide (see
     autotune/speculative.py); runs are recorded under `speculative_key(key, workload)`.
-    `deadline` is a `time.monotonic()` value; None means no limit."""
+    `deadline` is a `time.monotonic()` value (None: no limit): a trial starts only while one
+    as long as the last still ends by it, and one still running `grace_s` after it is stopped
+    and recorded as a `timeout`."""
+    limit = math.inf if deadline is None else deadline
     search = _SpeculationSearch(
         db,
         key,
@@ -486,9 +618,10 @@ def decide_speculation(
         rigor,
         listener or (lambda _event: None),
         cancel or threading.Event(),
+        Watchdog(limit + grace_s),
     )
     return search.run(
-        math.inf if deadline is None else deadline,
+        limit,
         drafts,
         workloads=tuple(workloads) if workloads is not None else load_workloads(),
         first_index=first_index,
@@ -552,9 +685,12 @@ class _SpeculationSearch:
         rigor: Rigor,
         notify: Listener,
         stop: threading.Event,
+        watchdog: Watchdog,
     ) -> None:
         self.db, self.key, self.model_path, self.rigor = db, key, model_path, rigor
-        self.notify, self.stop = notify, stop
+        self.notify, self.stop, self.watchdog = notify, stop, watchdog
+        self._trial_s = 0.0  # how long the last measured trial took, its engine's load aside
+        self._load_s = 0.0
         values = {**config, "model_path": str(model_path), "speculative": {}}
         self.config = EngineConfig.from_dict(values)
         self._plain_key = config_key({**self.config.to_dict(), "speculative": {}})
@@ -578,7 +714,7 @@ class _SpeculationSearch:
         options = [self._draft_option(path) for path in drafts]
 
         def out_of_time() -> bool:
-            return self.stop.is_set() or time.monotonic() > deadline
+            return self.stop.is_set() or time.monotonic() + self._trial_s > deadline
 
         try:
             return tuple(
@@ -592,6 +728,7 @@ class _SpeculationSearch:
                 for workload in workloads
             )
         finally:
+            self.watchdog.disarm()
             if self._engine is not None:
                 self._engine.close()
 
@@ -612,14 +749,16 @@ class _SpeculationSearch:
             workload=workload.id,
         )
         what = f"{workload.title}: {describe(speculative)}"
-        if (failure := self.db.known_failure(key, settings)) is not None:
+        if (failure := _known_failure(self.db, key, settings)) is not None:
             self.notify(event("skipped", message=f"{what} failed before ({failure.outcome})"))
             return None
         if (known := self.db.lookup(key, settings, self.rigor)) is not None:
             self.notify(event("reused", decode_tps=known.decode_tps, message=what))
             return self._trial(known, speculative)
         self.notify(event("start", message=what))
+        started, loads = time.monotonic(), self._engine is None
         run = self.db.record_run(self._measured_run(key, settings, speculative, workload))
+        self._trial_s = time.monotonic() - started - (self._load_s if loads else 0.0)
         if run.outcome != "ok":
             self.notify(event("failed", message=f"{what}: {run.error or run.outcome}"))
             return None
@@ -646,6 +785,9 @@ class _SpeculationSearch:
                 for prompt in prompts
             ]
         except EngineError as exc:
+            if self.watchdog.fired:
+                why = "not finished by the end of the budget for speculative decoding"
+                return RunRecord(key, settings, self.rigor, "timeout", error=why)
             return RunRecord(key, settings, self.rigor, _failure_kind(exc), error=exc.message)
         metrics = [result.metrics for result, _reference in pairs]
         stats = merge_stats([m.speculative for m in metrics if m.speculative is not None])
@@ -690,17 +832,23 @@ class _SpeculationSearch:
 
     def _loaded(self) -> WorkerEngine:
         if self._engine is None:
+            started = time.monotonic()
             self._engine = WorkerEngine(self.config)
+            self.watchdog.arm(self._engine.pid)
             _warm_up_engine(self._engine)
+            self._load_s = time.monotonic() - started
         return self._engine
 
     def _verify_cost(self) -> VerifyCost:
         if self._verify is None:
             self._verify = self._stored_verify_cost()
         if self._verify is None:
-            engine = self._loaded()
-            engine.set_speculative(SpeculativeConfig())
-            timings = engine.run(measure_verify_cost)
+            try:
+                engine = self._loaded()
+                engine.set_speculative(SpeculativeConfig())
+                timings = engine.run(measure_verify_cost)
+            except EngineError:  # out of time, or the engine failed: its trials say which
+                return VerifyCost()
             single = timings[0][1]
             self._verify = VerifyCost(tuple((n, seconds / single) for n, seconds in timings))
         return self._verify

@@ -36,6 +36,9 @@ from hearthside.kernels.engine_run import (
     READ_ROWS,
     SpeedProbe,
     StepCallback,
+    base_type,
+    experts_key,
+    is_experts_key,
     measure_cpu,
     speed_probes,
     type_bits,
@@ -43,7 +46,7 @@ from hearthside.kernels.engine_run import (
 )
 from hearthside.kernels.measurement import Budget, Measurement
 from hearthside.kernels.results import CalibrationReport
-from hearthside.kernels.synthetic_model import uniform_writable
+from hearthside.kernels.synthetic_model import SyntheticShape, uniform_writable
 
 KINDS = ("decode", "prefill")
 _WORK_KEYS = {"decode": (READ_BYTES, READ_ROWS), "prefill": (PREFILL_WEIGHTS, PREFILL_ROWS)}
@@ -68,8 +71,16 @@ class TypeCost:
 
 
 def model_weight_types(pieces: Iterable[WeightPiece]) -> list[str]:
-    """The ggml types of the matrices a model multiplies, sorted."""
-    return sorted({t for piece in pieces if piece.matmul for t in piece.type_names})
+    """The cost keys of the matrices a model multiplies, sorted: their ggml types, and
+    "<type>+experts" for routed experts (`experts_key`)."""
+    return sorted(
+        {
+            experts_key(t) if "_exps" in piece.name else t
+            for piece in pieces
+            if piece.matmul
+            for t in piece.type_names
+        }
+    )
 
 
 def unmeasured_types(type_names: Iterable[str], figures: dict[str, float]) -> list[str]:
@@ -116,20 +127,22 @@ def measure_type_costs(
         return [TypeCost(t, None, note=why) for t in wanted]
     plans = [_TypePlan(t, costs.nearest(t)) for t in wanted]
     results = [
-        TypeCost(p.type_name, p.reference, note=f"no synthetic writer for {p.type_name}")
+        TypeCost(p.type_name, p.reference, note=f"no synthetic writer for {base_type(p.type_name)}")
         for p in plans
-        if not uniform_writable(p.type_name)
+        if not uniform_writable(base_type(p.type_name))
     ]
-    plans = [p for p in plans if uniform_writable(p.type_name)]
+    plans = [p for p in plans if uniform_writable(base_type(p.type_name))]
     if not plans:
         return results
     probes = _probes(plans, profile.cpu.l3_cache_bytes, max_probe_bytes, widths)
     measured = measure_cpu(None, probes, quick=True, budget=Budget(budget_s, 1.0), step=step)
     runs = _runs_by_probe(measured, machine.cpu_bandwidth)
-    for type_plan in plans:
+    # dense types first: an experts probe's attention is of its type, costed by then
+    for type_plan in sorted(plans, key=lambda p: is_experts_key(p.type_name)):
         cost = _fit_type(type_plan, runs, machine)
         if cost.measured:
             db.save_type_costs(fingerprint, cost.type_name, str(stored["created_at"]), cost.figures)
+            machine = replace(machine, kernel_figures=machine.kernel_figures | cost.figures)
         results.append(cost)
     return results
 
@@ -153,7 +166,8 @@ def _probes(
     types = sorted({p.type_name for p in plans})
     references = sorted({p.reference for p in plans if p.reference} - set(types))
     probes = []
-    for type_name in types + references:
+    for key in types + references:
+        type_name = base_type(key)
         for width in widths or calibrated_widths:
             base = min(calibration_probes, key=lambda p: abs(p.shape.n_embd - width))
             base_bytes = base.shape.n_layers * base.shape.n_embd**2 * type_bits(base.type_name)
@@ -169,8 +183,30 @@ def _probes(
                 n_head_kv=max(1, width // 256),
                 n_ff=4 * width,
             )
-            probes.append(SpeedProbe(f"{type_name}@{width}", type_name, shape))
+            if is_experts_key(key):
+                shape = _experts_shape(shape)
+            probes.append(SpeedProbe(f"{key}@{width}", type_name, shape))
     return probes
+
+
+EXPERTS_PER_PROBE, EXPERTS_USED = 8, 2
+
+
+def _experts_shape(dense: SyntheticShape) -> SyntheticShape:
+    """A Mixtral-style llama probe (llama.cpp's llama architecture takes routed experts)
+    that multiplies what `dense` does per token: 2 of 8 experts of half its FFN width, so
+    its file is ~3.5x the dense probe's. llama's experts are as wide as n_ff. A small
+    vocabulary: the output layer, of the same type, would be most of a token's other work,
+    and the experts' cost is what is left of the token's time after that."""
+    width = dense.n_ff // EXPERTS_USED
+    return replace(
+        dense,
+        n_ff=width,
+        n_expert=EXPERTS_PER_PROBE,
+        n_expert_used=EXPERTS_USED,
+        n_ff_expert=width,
+        n_vocab=512,
+    )
 
 
 @dataclass(frozen=True)
@@ -232,7 +268,9 @@ def _fit_kind(
             continue
         speed_now = _speed_now(runs.get(f"{reference}@{width}"), kind, costs, machine)
         units, rows = run.work(units_key), run.work(rows_key)
-        fixed = _fixed_seconds(kind, run, machine)
+        others = {t: amount for t, amount in units.items() if t != type_name}
+        # an experts probe's other matrices (attention, router) at their known costs
+        fixed = _fixed_seconds(kind, run, machine) + (costs.seconds(others, rows) if others else 0)
         weights_s = run.seconds[kind] * speed_now - fixed
         if weights_s > 0 and units.get(type_name):
             equations.append((units[type_name], rows.get(type_name, 0.0), weights_s))

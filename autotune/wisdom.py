@@ -8,7 +8,9 @@ This module is the only one that touches `wisdom.db`. What it keeps:
 - efficiency: per machine and engine, how far measured speed sits from the cost model's
   prediction, as a running factor the planner multiplies in;
 - calibrations: the kernels' measurements of this machine;
-- recipes: curated priors from `assets/`, always outranked by measurements.
+- recipes: curated priors from `assets/`, always outranked by measurements;
+- quality: how far a candidate file + KV-cache type moves a model's next-token distribution
+  from its reference file's (`autotune/quality.py`), per evaluation text and context.
 Everything exports to and imports from one JSON document, for sharing between identical
 machines.
 """
@@ -21,7 +23,7 @@ import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, astuple, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -92,6 +94,29 @@ class Recipe:
     settings: dict[str, Any]
     rationale: str
     source: str = "assets/recipes.json"
+
+
+@dataclass(frozen=True)
+class QualityRecord:
+    """One candidate measured against its model's reference over one evaluation text."""
+
+    reference_model: str  # fingerprint of the reference file
+    candidate_model: str  # fingerprint of the candidate's weights file
+    kv_type: str  # the candidate's KV-cache type (K and V alike)
+    text_hash: str  # sha256 of the evaluation text
+    n_ctx: int  # tokens per evaluation chunk
+    candidate: str  # its name in words, e.g. "Q4_0"
+    reference: str  # the reference file's name, e.g. "SmolLM2-135M-Instruct.Q4_1.gguf"
+    n_tokens: int  # tokens scored
+    mean_kld: float  # nats per token
+    kld_p99: float
+    top1_agreement: float  # 0..1: same most likely next token as the reference
+    perplexity: float
+    reference_perplexity: float
+    created_at: str = ""
+
+
+QUALITY_COLUMNS = tuple(QualityRecord.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -235,15 +260,42 @@ def _add_type_costs(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_quality(conn: sqlite3.Connection) -> None:
+    """Schema 5: measured quality (`autotune/quality.py`). Not keyed by machine: the figures
+    belong to the files and the text, so they travel with an export."""
+    conn.execute(
+        """
+        CREATE TABLE quality (
+            reference_model TEXT NOT NULL,
+            candidate_model TEXT NOT NULL,
+            kv_type TEXT NOT NULL,
+            text_hash TEXT NOT NULL,
+            n_ctx INTEGER NOT NULL,
+            candidate TEXT NOT NULL,
+            reference TEXT NOT NULL,
+            n_tokens INTEGER NOT NULL,
+            mean_kld REAL NOT NULL,
+            kld_p99 REAL NOT NULL,
+            top1_agreement REAL NOT NULL,
+            perplexity REAL NOT NULL,
+            reference_perplexity REAL NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (reference_model, candidate_model, kv_type, text_hash, n_ctx)
+        )
+        """
+    )
+
+
 WISDOM = DatabaseKind(
     label="the autotune database (wisdom.db)",
     file_name="wisdom.db",
-    schema_version=4,
+    schema_version=5,
     migrations={
         0: _create_schema_v1,
         1: _add_capacity_audits,
         2: _allow_crashed_runs,
         3: _add_type_costs,
+        4: _add_quality,
     },
     error=WisdomError,
 )
@@ -486,6 +538,37 @@ class WisdomDB:
         )
         return {key: value for row in rows for key, value in json.loads(row["figures"]).items()}
 
+    # ---- measured quality ----------------------------------------------------------------
+
+    def save_quality(self, record: QualityRecord) -> QualityRecord:
+        """Keep `record` (stamped now unless it carries a time), replacing an older one."""
+        stamped = replace(record, created_at=record.created_at or _now())
+        with self._writing():
+            self._conn.execute(
+                f"INSERT OR REPLACE INTO quality ({', '.join(QUALITY_COLUMNS)}) "
+                f"VALUES ({', '.join('?' for _ in QUALITY_COLUMNS)})",
+                astuple(stamped),
+            )
+        return stamped
+
+    def quality(
+        self, reference_model: str, candidate_model: str, kv_type: str, text_hash: str, n_ctx: int
+    ) -> QualityRecord | None:
+        row = self._one(
+            "SELECT * FROM quality WHERE reference_model = ? AND candidate_model = ? "
+            "AND kv_type = ? AND text_hash = ? AND n_ctx = ?",
+            (reference_model, candidate_model, kv_type, text_hash, n_ctx),
+        )
+        return QualityRecord(**dict(row)) if row else None
+
+    def qualities(self, reference_model: str) -> list[QualityRecord]:
+        """Every candidate measured against `reference_model`, lowest mean KLD first."""
+        rows = self._all(
+            "SELECT * FROM quality WHERE reference_model = ? ORDER BY mean_kld, candidate",
+            (reference_model,),
+        )
+        return [QualityRecord(**dict(row)) for row in rows]
+
     # ---- recipes -----------------------------------------------------------------------
 
     def load_recipes(self, recipes: Iterable[Recipe]) -> int:
@@ -525,12 +608,16 @@ class WisdomDB:
             "defaults": [dict(row) for row in self._all("SELECT * FROM defaults", ())],
             "efficiency": [dict(row) for row in self._all("SELECT * FROM efficiency", ())],
             "calibrations": [dict(row) for row in self._all("SELECT * FROM calibrations", ())],
+            "type_costs": [dict(row) for row in self._all("SELECT * FROM type_costs", ())],
+            "quality": [dict(row) for row in self._all("SELECT * FROM quality", ())],
         }
 
     def import_(self, document: Mapping[str, Any]) -> dict[str, int]:
         """Merge an exported document; rows already present are skipped. Returns counts added."""
         _check_export(document)
         added = {"runs": 0, "defaults": 0, "efficiency": 0, "calibrations": 0, "machines": 0}
+        added["type_costs"] = 0
+        added["quality"] = 0
         try:
             with self._writing():
                 added["machines"] = self._insert_new("machines", document.get("machines", []))
@@ -550,6 +637,11 @@ class WisdomDB:
                     for item in document.get("calibrations", [])
                 ]
                 added["calibrations"] = self._insert_new("calibrations", calibrations)
+                # each names the calibration it was fitted against by its created_at, which
+                # the import keeps, so imported costs stay valid with imported calibrations
+                added["type_costs"] = self._insert_new("type_costs", document.get("type_costs", []))
+                quality = [_quality_item(item) for item in document.get("quality", [])]
+                added["quality"] = self._insert_new("quality", quality)
         except (KeyError, TypeError, ValueError, sqlite3.IntegrityError) as exc:
             raise WisdomError(
                 f"The wisdom file is not valid ({type(exc).__name__}: {exc}); "
@@ -595,6 +687,11 @@ def _check_export(document: Mapping[str, Any]) -> None:
         raise WisdomError(
             "This wisdom file comes from a newer Hearthside.", hint="Update Hearthside first."
         )
+
+
+def _quality_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """An imported quality row through its record type: known columns only, all present."""
+    return asdict(QualityRecord(**{name: item[name] for name in QUALITY_COLUMNS}))
 
 
 def _tunable(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,12 @@ from disk. The planner is asked about the same file on this machine with RAM = t
 (less what the child holds before the load), the disk's speed measured on the model file
 itself (a cold sequential read) and this machine's stored calibration if there is one.
 
-    .venv/bin/python benchmarks/disk_streaming.py [--moe] [--limit-mib 768] [--json]
+    .venv/bin/python benchmarks/disk_streaming.py [--moe] [--random-access] [--limit-mib 768]
+
+The plan is told the read-ahead of the disk holding the file (`/sys/block/*/queue/read_ahead_kb`):
+each page fault reads a window of the file around it, so a MoE token brings in more than its
+active experts' slices. `--random-access` (diagnostic) also runs the MoE with its mapping
+advised MADV_RANDOM in the child, one page per fault, planned with a one-page window.
 
 Needs root and a writable memory controller (skips with the reason otherwise). Prints
 predicted and measured decode tok/s, their ratio (target: within 2x), and what stays in RAM
@@ -71,7 +76,7 @@ def cases(limit_mib: int, moe: bool) -> list[Case]:
 # --- the child: runs in the cgroup ----------------------------------------------------------
 
 
-def child(model: Path, usage_file: Path, decode_tokens: int) -> None:
+def child(model: Path, usage_file: Path, decode_tokens: int, random_access: bool = False) -> None:
     """Load `model` with mmap and time `decode_tokens` of decode; print one JSON line."""
     from hearthside.core.engine.config import EngineConfig
     from hearthside.core.engine.engine import Engine
@@ -81,6 +86,8 @@ def child(model: Path, usage_file: Path, decode_tokens: int) -> None:
         str(model), n_ctx=N_CTX, n_threads=os.cpu_count() or 1, flash_attn=True, use_mmap=True
     )
     engine = Engine(config)
+    if random_access:
+        _advise_random(model)
     tokens = [(17 * i + 101) % engine.n_vocab for i in range(decode_tokens + 1)]
     engine.time_decode(tokens[: WARMUP_TOKENS + 1])  # the page cache settles on what stays
     read_before = _read_bytes()
@@ -96,6 +103,20 @@ def child(model: Path, usage_file: Path, decode_tokens: int) -> None:
     }
     print(json.dumps(result), flush=True)
     engine.close()
+
+
+def _advise_random(model: Path) -> None:
+    """MADV_RANDOM on this process's mappings of `model`: a fault reads its page only."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(str(model.resolve())):
+            start, end = (int(part, 16) for part in line.split()[0].split("-"))
+            if libc.madvise(start, end - start, mmap.MADV_RANDOM) != 0:
+                raise OSError(ctypes.get_errno(), "madvise(MADV_RANDOM) failed")
 
 
 def _read_bytes() -> int:
@@ -136,7 +157,9 @@ def drop_from_page_cache(path: Path) -> None:
         os.close(fd)
 
 
-def measure(case: Case, path: Path, decode_tokens: int = DECODE_TOKENS) -> dict[str, Any]:
+def measure(
+    case: Case, path: Path, decode_tokens: int = DECODE_TOKENS, random_access: bool = False
+) -> dict[str, Any]:
     """Decode in a child under the case's memory limit, the model's pages dropped first."""
     from tests.cgroup_limit import memory_limited_cgroup
 
@@ -144,7 +167,7 @@ def measure(case: Case, path: Path, decode_tokens: int = DECODE_TOKENS) -> dict[
         usage = "memory.usage_in_bytes" if cgroup.version == 1 else "memory.current"
         drop_from_page_cache(path)
         command = [sys.executable, __file__, "--child", str(path), str(cgroup.path / usage)]
-        command.append(str(decode_tokens))
+        command += [str(decode_tokens), "random" if random_access else "default"]
         result = subprocess.run(cgroup.command(command), capture_output=True, text=True)
         kills = cgroup.oom_kills
     if result.returncode != 0:
@@ -156,10 +179,15 @@ def measure(case: Case, path: Path, decode_tokens: int = DECODE_TOKENS) -> dict[
 
 
 def predict(
-    case: Case, path: Path, measured: dict[str, Any], disk_bps: float, profile: Any = None
+    case: Case,
+    path: Path,
+    measured: dict[str, Any],
+    disk_bps: float,
+    profile: Any = None,
+    random_access: bool = False,
 ) -> Any:
     """The plan for `path` on this machine (or `profile`) with `case.limit_bytes` of RAM, the
-    child's memory before the load kept free."""
+    child's memory before the load kept free, and the disk (its read-ahead) holding `path`."""
     from hearthside.autotune.calibration import calibration_for
     from hearthside.autotune.memory import pieces_from_gguf
     from hearthside.autotune.planner import plan
@@ -172,7 +200,8 @@ def predict(
     with WisdomDB() as wisdom:
         calibration = dict(calibration_for(profile, wisdom))
     calibration["disk_read_bytes_per_s"] = disk_bps
-    limited = replace(profile, memory=replace(profile.memory, cgroup_limit_bytes=case.limit_bytes))
+    memory = replace(profile.memory, cgroup_limit_bytes=case.limit_bytes)
+    limited = replace(profile, memory=memory, disks=model_disk(path, random_access))
     return plan(
         spec_from_gguf(path),
         limited,
@@ -184,17 +213,42 @@ def predict(
     )
 
 
+def model_disk(path: Path, random_access: bool) -> tuple[Any, ...]:
+    """The probed disk holding `path`; with `random_access`, a read-ahead of half a page (the
+    planner's fault window is twice the read-ahead: one page)."""
+    from hearthside.core.probe import disks
+    from hearthside.core.probe.base import ProbeContext
+
+    found = disks.probe(ProbeContext(models_dir=path.parent)).disks
+    if random_access:
+        found = tuple(replace(disk, read_ahead_bytes=mmap_page_bytes() // 2) for disk in found)
+    return found
+
+
+def mmap_page_bytes() -> int:
+    import mmap
+
+    return mmap.PAGESIZE
+
+
 def row(
-    case: Case, path: Path, decode_tokens: int = DECODE_TOKENS, profile: Any = None
+    case: Case,
+    path: Path,
+    decode_tokens: int = DECODE_TOKENS,
+    profile: Any = None,
+    random_access: bool = False,
 ) -> dict[str, Any]:
     disk_bps = cold_read_bytes_per_s(path)
-    measured = measure(case, path, decode_tokens)
+    measured = measure(case, path, decode_tokens, random_access)
     print(f"{case.name}: measured {measured}", file=sys.stderr, flush=True)
-    result = predict(case, path, measured, disk_bps, profile)
+    result = predict(case, path, measured, disk_bps, profile, random_access)
     speed = result.speed
     reason = next((r.why for r in result.reasons if r.setting == "use_mmap"), "")
     return {
-        "model": case.name,
+        "model": case.name + (" MADV_RANDOM" if random_access else ""),
+        "random_access": random_access,
+        "read_ahead_bytes": next((d.read_ahead_bytes for d in model_disk(path, False)), None),
+        "expert_fetch_share": speed.expert_fetch_share,
         "file_bytes": path.stat().st_size,
         "limit_bytes": case.limit_bytes,
         "child_before_load_bytes": measured["baseline_bytes"],
@@ -212,38 +266,61 @@ def row(
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'model':22} {'limit':>8} {'file':>8} {'pred tok/s':>10} {'meas tok/s':>10} "
-        f"{'meas/pred':>9} {'disk/token pred':>15} {'meas':>8}"
+        f"{'model':32} {'limit':>7} {'file':>7} {'pred tok/s':>10} {'meas tok/s':>10} "
+        f"{'meas/pred':>9} {'disk/token pred':>15} {'meas':>7} {'meas/pred':>9}"
     )
     for r in rows:
         print(
-            f"{r['model']:22} {r['limit_bytes'] / MIB:6.0f}Mi {r['file_bytes'] / MIB:6.0f}Mi "
-            f"{r['predicted_tps']:10.2f} {r['measured_tps']:10.2f} {r['ratio']:9.2f} "
+            f"{r['model']:32} {r['limit_bytes'] / MIB:5.0f}Mi {r['file_bytes'] / MIB:5.0f}Mi "
+            f"{r['predicted_tps']:10.3f} {r['measured_tps']:10.3f} {r['ratio']:9.2f} "
             f"{r['predicted_disk_bytes_per_token'] / MIB:13.0f}Mi "
-            f"{r['measured_disk_bytes_per_token'] / MIB:6.0f}Mi"
+            f"{r['measured_disk_bytes_per_token'] / MIB:5.0f}Mi {disk_ratio(r):9.2f}"
         )
-        print(f"  disk {r['disk_cold_read_gb_s']:.2f} GB/s cold; plan: {r['reason']}")
+        read_ahead = (r["read_ahead_bytes"] or 0) / 1024
+        print(
+            f"  disk {r['disk_cold_read_gb_s']:.2f} GB/s cold, read-ahead {read_ahead:.0f} KiB, "
+            f"expert fetch share {r['expert_fetch_share']:.2f}; plan: {r['reason']}"
+        )
+
+
+def disk_ratio(r: dict[str, Any]) -> float:
+    return float(r["measured_disk_bytes_per_token"] / max(1, r["predicted_disk_bytes_per_token"]))
 
 
 def main() -> int:
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        child(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--child":
+        child(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "random")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit-mib", type=int, default=768)
     parser.add_argument("--moe", action="store_true", help="also a MoE model")
+    parser.add_argument(
+        "--random-access", action="store_true", help="also the MoE advised MADV_RANDOM"
+    )
+    parser.add_argument("--no-dense", action="store_true", help="skip the dense model")
     parser.add_argument("--workdir", type=Path, help="where the models go (default: a temp dir)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.workdir) as folder:
         rows = []
         for case in cases(args.limit_mib, args.moe):
-            rows.append(row(case, write_model(case, Path(folder))))
+            if args.no_dense and not case.shape.n_expert:
+                continue
+            path = write_model(case, Path(folder))
+            rows.append(row(case, path))
+            if args.random_access and case.shape.n_expert:
+                rows.append(row(case, path, random_access=True))
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
         print_rows(rows)
-    within = all(1 / TARGET_RATIO <= r["ratio"] <= TARGET_RATIO for r in rows)
+    # the target is for what llama.cpp does; MADV_RANDOM rows check the bytes read only
+    held = [r for r in rows if not r["random_access"]]
+    within = all(
+        1 / TARGET_RATIO <= ratio <= TARGET_RATIO
+        for r in held
+        for ratio in (r["ratio"], disk_ratio(r))
+    )
     return 0 if within else 1
 
 

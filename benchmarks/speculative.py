@@ -9,9 +9,14 @@ file it was shown) and a free-form prompt (chat):
    switches a kind on only where its measured gain is above 1.05x.
 
     .venv/bin/python benchmarks/speculative.py [--repetitions 3] [--first-prompt-only] [--json]
+        [--parallel N]
 
 Target: prompt lookup on the code edit > 1.05x, and the tuner switches it on there; on the
 free-form prompt the tuner leaves speculation off unless it measured a gain.
+
+With `--parallel N` the model loads with N slots and the ratios are those of a single client
+on that server: it generates alone, so it speculates (core/engine/batch.py); the tuner's
+decisions, measured with one slot, are left out. Target: the same ratios as with one slot.
 """
 
 from __future__ import annotations
@@ -118,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "--first-prompt-only", action="store_true", help="one prompt per workload (a busy machine)"
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--parallel", type=int, default=1, help="slots the model loads with")
     args = parser.parse_args(argv)
     by_id = {workload.id: workload for workload in load_workloads()}
     workloads = [by_id["code_edit"], by_id["chat"]]
@@ -125,22 +131,24 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(name)
         model = default_model(folder)
         draft = requantized(model, folder)
-        engine = Engine(EngineConfig(str(model), n_ctx=2048))
+        engine = Engine(EngineConfig(str(model), n_ctx=2048, n_parallel=args.parallel))
         try:
             rows = measure_ratios(
                 engine, workloads, draft, args.repetitions, args.first_prompt_only
             )
         finally:
             engine.close()
-        decisions = tuner_decisions(model, workloads, draft, folder)
+        decisions = tuner_decisions(model, workloads, draft, folder) if args.parallel == 1 else []
     if args.json:
         document = {"ratios": rows, "decisions": [d.to_dict() for d in decisions]}
         print(json.dumps(document, indent=1, default=str))
         return 0
-    print("speed-up over plain decode, same session, alternating runs (median of runs):")
+    slots = f", {args.parallel} slots, one client" if args.parallel > 1 else ""
+    print(f"speed-up over plain decode, same session, alternating runs (median of runs){slots}:")
     for row in rows:
         print("  " + _row_text(row))
-    print("tuner's decision per workload:")
+    if decisions:
+        print("tuner's decision per workload:")
     for decision in decisions:
         chosen = describe(decision.chosen)
         print(f"  {decision.workload:10} {chosen:28} {decision.reason}")

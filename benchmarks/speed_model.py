@@ -154,6 +154,10 @@ def measured_type_figures(
         return calibration_for(profile, wisdom)
 
 
+def _named(found: dict[str, Path], parts: list[str]) -> dict[str, Path]:
+    return {name: path for name, path in found.items() if any(p in name for p in parts)}
+
+
 def planned(path: Path, profile: HardwareProfile, figures: dict[str, float]) -> Plan:
     return plan(
         spec_from_gguf(path), profile, n_ctx=CONTEXT, calibration=figures, pieces=_pieces(path)
@@ -226,6 +230,12 @@ def main() -> int:
         help="the on-demand type probes' weights at most, MiB",
     )
     parser.add_argument(
+        "--only",
+        default="",
+        metavar="TEXT,...",
+        help="run only the models whose names hold one of these (e.g. moe,gpt-oss)",
+    )
+    parser.add_argument(
         "--no-measure-types",
         action="store_true",
         help="predict the held-out models' unmeasured types from the measured ones only",
@@ -239,6 +249,8 @@ def main() -> int:
     _say(f"calibration took {report.duration_s:.1f} s: {figures}")
     fitted = fitted_models(shipped, folder)
     held_out = held_out_models(shipped, _chat_model(), folder)
+    if args.only:
+        fitted, held_out = (_named(found, args.only.split(",")) for found in (fitted, held_out))
     typed = figures
     if not args.no_measure_types:
         typed = measured_type_figures(report, profile, held_out.values(), folder, args.probe_mib)

@@ -165,6 +165,24 @@ def type_bits(type_name: str) -> float:
     return size * 8 / block
 
 
+EXPERTS = "+experts"
+
+
+def experts_key(type_name: str) -> str:
+    """The cost key of routed experts stored as `type_name`: "Q8_0+experts". llama.cpp runs
+    them through another kernel than dense matrices (mul_mat_id), at another cost."""
+    return type_name + EXPERTS
+
+
+def is_experts_key(key: str) -> bool:
+    return key.endswith(EXPERTS)
+
+
+def base_type(key: str) -> str:
+    """The ggml type of a cost key: "Q8_0" for "Q8_0+experts"."""
+    return key.removesuffix(EXPERTS)
+
+
 def per_token_work(info: GGUFInfo) -> dict[str, int | str]:
     """What one token costs, by ggml type, as flat measurement params: "read_bytes:<type>",
     the bytes of weights decode reads (every matrix but the input embeddings, which it looks
@@ -173,7 +191,7 @@ def per_token_work(info: GGUFInfo) -> dict[str, int | str]:
     the weights and rows prefill multiplies per prompt token (the blocks', but for the last
     block's FFN: like the output layer, llama.cpp runs it for the tokens whose logits are
     wanted only, the last one), "n_layers", "n_vocab" and "architecture". Routed experts
-    count at their used share."""
+    count at their used share, under their own key (`experts_key`)."""
     names = {tensor.name for tensor in info.tensors}
     tied = "output.weight" not in names
     used_share = _used_expert_share(info)
@@ -182,7 +200,9 @@ def per_token_work(info: GGUFInfo) -> dict[str, int | str]:
     for tensor in info.tensors:
         if len(tensor.shape) < 2 or not tensor.name.endswith(".weight"):
             continue
-        share = used_share if "_exps" in tensor.name else 1.0
+        routed = "_exps" in tensor.name
+        share = used_share if routed else 1.0
+        key_type = experts_key(tensor.type_name) if routed else tensor.type_name
         if tensor.name.startswith("token_embd") and not tied:
             continue
         rows = tensor.n_elements // max(1, tensor.shape[0])
@@ -191,7 +211,7 @@ def per_token_work(info: GGUFInfo) -> dict[str, int | str]:
             amounts |= {PREFILL_WEIGHTS: tensor.n_elements, PREFILL_ROWS: rows}
         for key, amount in amounts.items():
             by_type = work[key]
-            by_type[tensor.type_name] = by_type.get(tensor.type_name, 0) + round(amount * share)
+            by_type[key_type] = by_type.get(key_type, 0) + round(amount * share)
     return {
         "n_layers": n_layers,
         "n_vocab": _vocab_size(info),

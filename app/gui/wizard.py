@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,7 +78,6 @@ from hearthside.app.gui.labels import make_label as _label
 from hearthside.app.gui.tune_chart import TuneChart, candidate_label
 from hearthside.app.gui.workers import MainThreadRelay, run_in_background
 from hearthside.autotune.calibration import calibration_for, describe_figures, store_calibration
-from hearthside.autotune.capacity import CapacityAudit, audit_context
 from hearthside.autotune.fingerprint import TuningKey, tuning_key
 from hearthside.autotune.planner import GOALS, Goal, Plan, Reason, plan
 from hearthside.autotune.tuner import (
@@ -92,7 +91,6 @@ from hearthside.autotune.tuner import (
 from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.service import EngineService, Job
-from hearthside.core.engine.worker_engine import WorkerEngine
 from hearthside.core.errors import (
     EngineError,
     HearthsideError,
@@ -184,7 +182,7 @@ class MeasureRequest:
 class MeasureUpdate:
     """What the measuring job reports, from the engine thread."""
 
-    kind: Literal["started", "calibrating", "calibrated", "candidate", "auditing"]
+    kind: Literal["started", "calibrating", "calibrated", "candidate"]
     text: str = ""
     fraction: float | None = None
     event: TuneEvent | None = None
@@ -297,6 +295,14 @@ def settings_rows(chosen: Mapping[str, Any], default: Mapping[str, Any]) -> list
     return [SettingRow(name, show(default), show(chosen)) for name, show in fields]
 
 
+def audit_text(result: TuneResult) -> str:
+    """The context check's verdict, or why there is none."""
+    if result.audit is not None:
+        return result.audit.message
+    note = next((n.reason for n in result.notes if n.phase == "audit"), None)
+    return f"{note}." if note else "not run (no winner, or measuring was stopped)."
+
+
 def verdict(result: TuneResult) -> tuple[str, str]:
     """The result page's headline and the line under it."""
     best, baseline = result.best, result.baseline
@@ -349,7 +355,13 @@ MEASURED_FIELDS = ("n_threads", "n_threads_batch", "n_ubatch")
 
 
 def measured_reasons(result: TuneResult) -> list[Reason]:
-    """The plan's reasons, corrected where measuring chose otherwise than the estimate."""
+    """The plan's reasons, corrected where measuring chose otherwise than the estimate, and
+    what the tuner left out or cut short (its notes)."""
+    left_out = [Reason("Measuring", note.phase, note.reason) for note in result.notes]
+    return _chosen_reasons(result) + left_out
+
+
+def _chosen_reasons(result: TuneResult) -> list[Reason]:
     if result.best is None:
         return list(result.plan.reasons)
     chosen, planned = result.best.config, result.plan.config.to_dict()
@@ -408,7 +420,7 @@ def measure(
         return None
     key = tuning_key(request.profile, request.model_path)
     with WisdomDB() as db:
-        result = tune(
+        return tune(
             request.model_path,
             request.profile,
             goal=request.goal,
@@ -417,28 +429,7 @@ def measure(
             listener=lambda event: post(candidate_update(event, db, key)),
             cancel=cancel,
             save_default=False,  # only Apply makes it the default
-        )
-        if result.best is not None and result.audit is None and not cancel.is_set():
-            post(MeasureUpdate("auditing"))
-            result = replace(result, audit=audit_winner(db, result, request.model_path))
-        return result
-
-
-def audit_winner(db: WisdomDB, result: TuneResult, model_path: Path) -> CapacityAudit | None:
-    """The context check of the winner, which `tune` runs only when it stores the default
-    itself; recorded like the tuner records it. None when the winner will not load now."""
-    assert result.best is not None
-    config = EngineConfig.from_dict({**result.best.config, "model_path": str(model_path)})
-    try:
-        engine = WorkerEngine(config)
-    except EngineError:
-        return None
-    try:
-        audit = engine.run(audit_context)
-    finally:
-        engine.close()
-    db.record_audit(result.key, result.best.config, audit.to_dict())
-    return audit
+        )  # the winner's context check included, within the budget (its notes say if not)
 
 
 def _calibrate(request: MeasureRequest, post: Callable[[MeasureUpdate], None]) -> None:
@@ -1018,8 +1009,6 @@ class MeasurePage(QWizardPage):
             self.detail.setText(f"Calibrating: {update.text}")
         elif update.kind == "calibrated":
             self.detail.setText("Calibration stored.")
-        elif update.kind == "auditing":
-            self.status.setText("Checking that the winner's context holds what it promises…")
         elif update.event is not None:
             self._candidate(update)
 
@@ -1174,11 +1163,7 @@ class ResultPage(QWizardPage):
         chosen = result.best.config if result.best is not None else defaults
         self._fill_table(settings_rows(chosen, defaults))
         self.reasons.setText(_reasons_html(measured_reasons(result)))
-        self.audit.setText(
-            f"Context check: {result.audit.message}"
-            if result.audit is not None
-            else "Context check: not run (no winner, or measuring was stopped)."
-        )
+        self.audit.setText(f"Context check: {audit_text(result)}")
         name = self._wizard.choice.name if self._wizard.choice else "this model"
         if result.best is not None:
             self.note.setText(

@@ -17,6 +17,14 @@ its new tokens. Requests beyond the free slots wait, first come first served.
 
 Callers block in `BatchScheduler.run` and receive their text on their own thread, so a slow
 `on_text` (a GUI bridge, an HTTP stream) never stalls the other sequences.
+
+Speculative decoding runs while exactly one sequence is generating and nothing else is
+prefilling or waiting: the step is then a verify batch of that sequence's last sample and its
+draft (prompt lookup or a draft model) in its own slot, sampled position by position with its
+own chain while the samples equal the draft; the rejected drafts' cells are removed from that
+sequence alone. When another request comes, the next step is a plain batched one again (a
+verify step would hold everyone's token for one sequence's guesses), and when the others are
+done the remaining sequence speculates again. Each sequence counts its own drafts.
 """
 
 from __future__ import annotations
@@ -36,7 +44,13 @@ import numpy as np
 
 from hearthside.core.engine.config import SamplingParams
 from hearthside.core.engine.logprobs import LogprobsCallback, TokenLogprob, logits_row
-from hearthside.core.engine.speculative import SpeculativeLlama, SpeculativeLlamaWithOverrides
+from hearthside.core.engine.metrics import SpeculationStats
+from hearthside.core.engine.speculative import (
+    CountingDraft,
+    SpeculationCounter,
+    SpeculativeLlama,
+    SpeculativeLlamaWithOverrides,
+)
 from hearthside.core.errors import EngineError
 
 if TYPE_CHECKING:
@@ -166,7 +180,7 @@ class SequenceRun(Protocol):
     def stop(self, reason: str) -> None:
         """End the generation from outside (a cancel between steps)."""
 
-    def outcome(self) -> GenerationResult:
+    def outcome(self, speculative: SpeculationStats | None = None) -> GenerationResult:
         """The finished reply with its metrics (flushes held-back text first)."""
 
 
@@ -201,6 +215,7 @@ class BatchRequest:
         self.cancel = cancel
         self.start = start
         self.abandoned = False  # the caller left (its on_text raised)
+        self.drafting: _Drafting | None = None  # set when speculation is on for it
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
         self._pieces: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -225,9 +240,29 @@ class BatchRequest:
     def next_piece(self, timeout_s: float) -> object:
         return self._pieces.get(timeout=timeout_s)
 
+    def live_speculation(self) -> SpeculationStats | None:
+        drafting = self.drafting
+        return drafting.live() if drafting is not None else None
+
     def _close(self) -> None:
         self.sampler.close()
         self._pieces.put(_DONE)
+
+
+@dataclass(eq=False)
+class _Drafting:
+    """One sequence's speculation: the draft that guesses for it and what it achieved."""
+
+    draft: CountingDraft
+    counter: SpeculationCounter = field(default_factory=SpeculationCounter)
+
+    def live(self) -> SpeculationStats:
+        """The counts so far (the last draft not yet settled), for a status line."""
+        return self.draft.stats_of(self.counter)
+
+    def finish(self, final_ids: Sequence[int]) -> SpeculationStats:
+        self.counter.finish(np.asarray(final_ids, dtype=np.intc))
+        return self.draft.stats_of(self.counter)
 
 
 @dataclass(eq=False)
@@ -247,6 +282,7 @@ class _Sequence:
     pending: list[int]  # tokens still to evaluate: the prompt's rest, then the last sample
     decoding: bool = False  # the prompt is in the cache; one token per step from now on
     last_step: int = 0
+    sampled: list[int] = field(default_factory=list)  # every token fed to `run`
 
 
 @dataclass(eq=False)
@@ -268,9 +304,11 @@ class BatchScheduler:
         n_batch: int,
         n_vocab: int,
         step_target_s: float = STEP_TARGET_S,
+        draft: CountingDraft | None = None,
     ) -> None:
         self._ctx = ctx
         self._n_vocab = n_vocab
+        self._n_ctx_per_slot = int(llama_cpp.llama_n_ctx_seq(ctx))
         self._memory = llama_cpp.llama_get_memory(ctx)
         self._n_batch = n_batch
         self._step_target_s = step_target_s
@@ -285,6 +323,12 @@ class BatchScheduler:
         self._uses = itertools.count(1)
         self._steps = itertools.count(1)
         self._prompt_tok_s: float | None = None
+        # Held while the loop uses the draft, so a draft being replaced is never in use.
+        self._draft_lock = threading.Lock()
+        self._draft = draft
+        self._can_cut_cells = True  # False once llama.cpp refused to drop a sequence's tail
+        self._local = threading.local()  # the request a caller's thread waits for
+        self._last_drafted: BatchRequest | None = None
         self._thread = threading.Thread(target=self._loop, name="hearthside-batch", daemon=True)
 
     # ---- the callers' side -----------------------------------------------------------------
@@ -316,6 +360,18 @@ class BatchScheduler:
         """Requests queued for a free slot (approximate)."""
         return len(self._waiting)
 
+    def set_draft(self, draft: CountingDraft | None) -> None:
+        """Speculate with `draft` from the next step on (None: off); the old one is out of use
+        when this returns."""
+        with self._draft_lock:
+            self._draft = draft
+
+    def live_speculation(self) -> SpeculationStats | None:
+        """Drafted/accepted so far: on a caller's thread (inside `wait`), its own request's;
+        elsewhere, the request that drafted last (None: speculation is off)."""
+        request = getattr(self._local, "request", None) or self._last_drafted
+        return request.live_speculation() if request is not None else None
+
     def submit(self, request: BatchRequest) -> None:
         """Queue `request` for a slot (refused once the scheduler is closing)."""
         with self._wake:
@@ -333,6 +389,7 @@ class BatchScheduler:
     ) -> GenerationResult:
         """Block until the submitted `request` is done, calling `on_text` (and `on_logprobs`)
         on this thread."""
+        self._local.request = request
         try:
             self._relay(request, on_text, on_logprobs)
         except BaseException:
@@ -340,6 +397,8 @@ class BatchScheduler:
             with self._wake:
                 self._wake.notify_all()
             raise
+        finally:
+            self._local.request = None
         if request.error is not None:
             raise request.error
         assert request.result is not None
@@ -406,6 +465,9 @@ class BatchScheduler:
             if sequence.request.stopping():
                 sequence.run.stop("cancelled")
                 self._end(sequence)
+        alone = self._speculation_candidate()
+        if alone is not None and self._speculate(alone):
+            return
         plan = self._plan_batch()
         if not plan:
             return
@@ -487,21 +549,122 @@ class BatchScheduler:
         del sequence.pending[: planned.count]
         if planned.output < 0:
             return
-        try:
-            token = sequence.request.sampler.sample(self._ctx, planned.output)
-            logits = None
-            if sequence.run.wants_logprobs:
-                logits = logits_row(self._ctx, planned.output, self._n_vocab)
-            going_on = sequence.run.feed(token, logits)
-        except Exception as exc:
-            log.exception("sampling a sequence failed")
-            self._end(sequence, _generation_error(exc))
+        sampled = self._sample(sequence, planned.output)
+        if sampled is None:
             return
+        token, going_on = sampled
         if going_on:
             sequence.pending = [token]
             sequence.decoding = True
         else:
             self._end(sequence)
+
+    def _sample(self, sequence: _Sequence, output: int) -> tuple[int, bool] | None:
+        """Sample (and accept) the sequence's next token from the logits at batch index
+        `output` and feed it to its run: (token, going on), or None when that failed and the
+        sequence has ended."""
+        try:
+            token = sequence.request.sampler.sample(self._ctx, output)
+            logits = None
+            if sequence.run.wants_logprobs:
+                logits = logits_row(self._ctx, output, self._n_vocab)
+            going_on = sequence.run.feed(token, logits)
+        except Exception as exc:
+            log.exception("sampling a sequence failed")
+            self._end(sequence, _generation_error(exc))
+            return None
+        sequence.sampled.append(token)
+        return token, going_on
+
+    # ---- speculation (one sequence generating alone) -------------------------------------
+
+    def _speculation_candidate(self) -> _Sequence | None:
+        """The sequence to speculate for: the only one in a slot, decoding, none waiting."""
+        if self._draft is None or not self._can_cut_cells or len(self._running) != 1:
+            return None
+        sequence = self._running[0]
+        if not sequence.decoding or self._waiting:
+            return None
+        return sequence
+
+    def _speculate(self, sequence: _Sequence) -> bool:
+        """One verify step for `sequence`: its last sample and a draft in one decode. False
+        when there is nothing to verify (the draft found nothing): a plain step follows."""
+        guesses = self._draft_for(sequence)
+        if not guesses:
+            return False
+        tokens = [*sequence.pending, *guesses]
+        self._write_verify_batch(sequence, tokens)
+        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        if status != 0:
+            self._fail_step([_Planned(sequence, len(tokens))], status)
+            return True
+        self._accept_drafts(sequence, tokens)
+        return True
+
+    def _draft_for(self, sequence: _Sequence) -> list[int]:
+        with self._draft_lock:
+            draft = self._draft
+            if draft is None:
+                return []
+            request = sequence.request
+            if request.drafting is None or request.drafting.draft is not draft:
+                request.drafting = _Drafting(draft)  # a draft set while it ran counts anew
+            history = np.array([*sequence.slot.cached, *sequence.pending], dtype=np.intc)
+            room = self._n_ctx_per_slot - len(history)  # cells after the last sample's
+            guesses = draft.draft_for(history, request.drafting.counter, room)
+            self._last_drafted = request
+            return [int(token) for token in guesses[: self._n_batch - 1]]
+
+    def _write_verify_batch(self, sequence: _Sequence, tokens: list[int]) -> None:
+        """The last sample and its drafts at the slot's next positions, logits at each."""
+        batch = self._batch
+        start = len(sequence.slot.cached)
+        for index, token in enumerate(tokens):
+            batch.token[index] = token
+            batch.pos[index] = start + index
+            batch.n_seq_id[index] = 1
+            batch.seq_id[index][0] = sequence.slot.seq_id
+            batch.logits[index] = True
+        batch.n_tokens = len(tokens)
+
+    def _accept_drafts(self, sequence: _Sequence, tokens: list[int]) -> None:
+        """Sample at each position while the samples equal the drafts: every emitted token is
+        the target's own sample, so greedy replies are the plain ones. The cells of the
+        rejected drafts go, from this sequence only."""
+        slot = sequence.slot
+        evaluated_to = len(slot.cached) + len(tokens)
+        slot.cached.append(tokens[0])
+        sequence.pending = []
+        for index in range(len(tokens)):
+            sampled = self._sample(sequence, index)
+            if sampled is None:
+                return  # ended with an error: its slot was cleared
+            token, going_on = sampled
+            guessed = index + 1 < len(tokens) and token == tokens[index + 1]
+            if not (going_on and guessed):
+                break
+            slot.cached.append(token)  # its cells hold the right context: keep them
+        self._drop_rejected(sequence, evaluated_to)
+        if going_on:
+            sequence.pending.append(token)
+        else:
+            self._end(sequence)
+
+    def _drop_rejected(self, sequence: _Sequence, evaluated_to: int) -> None:
+        slot = sequence.slot
+        kept = len(slot.cached)
+        if kept >= evaluated_to or llama_cpp.llama_memory_seq_rm(
+            self._memory, slot.seq_id, kept, -1
+        ):
+            return
+        # A cache that cannot drop a tail (a recurrent model's): evaluate the sequence again
+        # from nothing, and speculate no more on this context.
+        log.warning("llama.cpp cannot remove rejected drafts from this cache; speculation off")
+        self._can_cut_cells = False
+        sequence.pending = list(slot.cached)
+        sequence.decoding = False
+        self._clear_slot(slot)
 
     def _fail_step(self, plan: list[_Planned], status: int) -> None:
         """llama_decode refused the batch: the sequences in it fail, their slots start empty."""
@@ -526,9 +689,15 @@ class BatchScheduler:
             sequence.request.fail(error)
             return
         try:
-            sequence.request.complete(sequence.run.outcome())
+            sequence.request.complete(sequence.run.outcome(self._speculation_of(sequence)))
         except Exception as exc:
             sequence.request.fail(_generation_error(exc))
+
+    def _speculation_of(self, sequence: _Sequence) -> SpeculationStats | None:
+        drafting = sequence.request.drafting
+        if drafting is None:
+            return None
+        return drafting.finish([*sequence.request.prompt, *sequence.sampled])
 
     # ---- slots ----------------------------------------------------------------------------
 
@@ -565,6 +734,9 @@ class BatchScheduler:
         del slot.cached[shared:]
         slot.busy = True
         slot.last_used = next(self._uses)
+        draft = self._draft
+        if draft is not None:  # counted from the start, even while it has company
+            request.drafting = _Drafting(draft)
         try:
             run = request.start(shared, request.emit, request.emit_logprobs)
         except Exception as exc:

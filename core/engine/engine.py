@@ -3,8 +3,9 @@
 With `n_parallel` 1, only `EngineService`'s worker thread calls an Engine (see service.py);
 it generates on the calling thread with llama-cpp-python's `Llama.generate`. With more slots,
 any number of threads may call `generate`/`chat` at once: a `BatchScheduler` (batch.py)
-decodes their sequences together. Either way the engine keeps the KV cache of earlier
-generations, so the next turn of the same conversation evaluates only the tokens it adds.
+decodes their sequences together, and speculates while only one of them is generating.
+Either way the engine keeps the KV cache of earlier generations, so the next turn of the same
+conversation evaluates only the tokens it adds.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ class Engine:
                     n_slots=config.n_parallel,
                     n_batch=int(llama_cpp.llama_n_batch(self._llama.ctx)),
                     n_vocab=self.n_vocab,
+                    draft=self._draft,
                 ).start()
         except BaseException:
             self._llama.close()
@@ -191,19 +193,14 @@ class Engine:
         return self._draft
 
     def set_speculative(self, speculative: SpeculativeConfig) -> None:
-        """Switch speculative decoding without reloading the model (a draft model loads)."""
-        if speculative.enabled and self.config.n_parallel > 1:
-            raise EngineError(
-                f"Speculative decoding ({speculative.mode}) works with one request at a time; "
-                f"this model is loaded with {self.config.n_parallel} parallel slots.",
-                hint="Load the model with n_parallel 1 to use speculative decoding, or turn "
-                "speculation off.",
-            )
+        """Switch speculative decoding without reloading the model (a draft model loads).
+
+        With several slots the drafts are used while one request is generating alone."""
         if speculative.mode == "draft_model" and speculative.draft_model_path:
             require_compatible_draft(self.model_path, Path(speculative.draft_model_path))
         draft = make_draft(speculative, self.config)
         old, self._draft = self._draft, draft
-        self._llama.attach_draft(draft)
+        self._attach(draft)
         self.config = self.config.with_changes(speculative=speculative)
         if old is not None:
             old.close()
@@ -212,15 +209,23 @@ class Engine:
     def speculation_paused(self) -> Iterator[None]:
         """Generate without the draft for a while, keeping it (and a draft model's cache)."""
         draft, self._draft = self._draft, None
-        self._llama.attach_draft(None)
+        self._attach(None)
         try:
             yield
         finally:
             self._draft = draft
-            self._llama.attach_draft(draft)
+            self._attach(draft)
+
+    def _attach(self, draft: CountingDraft | None) -> None:
+        self._llama.attach_draft(draft)
+        if self._scheduler is not None:
+            self._scheduler.set_draft(draft)  # returns once the old draft is out of use
 
     def live_speculation(self) -> SpeculationStats | None:
-        """Drafted/accepted so far in the running generation (read from another thread)."""
+        """Drafted/accepted so far in the running generation (read from another thread; with
+        several slots, on a thread inside `generate`, that generation's own)."""
+        if self._scheduler is not None:
+            return self._scheduler.live_speculation() if self._draft is not None else None
         return self._draft.live_stats() if self._draft is not None else None
 
     def close(self) -> None:

@@ -115,11 +115,26 @@ class CountingDraft(LlamaDraftModel):
         self._batch_room = max(1, int(target.n_batch) - 1)
 
     def __call__(self, input_ids: TokenIds, /, **kwargs: Any) -> TokenIds:
-        self.counter.observe(input_ids)
-        draft = np.asarray(self.propose(input_ids), dtype=np.intc)
-        draft = _within_vocabulary(draft[: min(self.draft_tokens, self._batch_room)], self)
-        self.counter.record(len(input_ids), draft.copy())
+        return self.draft_for(input_ids, self.counter)
+
+    def draft_for(
+        self, input_ids: TokenIds, counter: SpeculationCounter, room: int | None = None
+    ) -> TokenIds:
+        """Guesses after `input_ids` (at most `room` of them: the cells left in the context),
+        counted in `counter`: the batch scheduler keeps one per sequence."""
+        counter.observe(input_ids)
+        limit = min(self.draft_tokens, self._batch_room)
+        if room is not None:
+            limit = min(limit, room)
+        draft = np.array([], dtype=np.intc)
+        if limit > 0:
+            draft = np.asarray(self.propose(input_ids), dtype=np.intc)
+            draft = _within_vocabulary(draft[:limit], self)
+        counter.record(len(input_ids), draft.copy())
         return draft
+
+    def stats_of(self, counter: SpeculationCounter) -> SpeculationStats:
+        return counter.stats(self.mode, self.draft_tokens)
 
     @abc.abstractmethod
     def propose(self, input_ids: TokenIds) -> TokenIds:

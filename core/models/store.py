@@ -480,6 +480,21 @@ class ModelStore:
     def variants_of(self, model_id: str) -> builtins.list[ModelRecord]:
         return self._select("variant_of = ?", [model_id])
 
+    def family(self, record: ModelRecord) -> builtins.list[ModelRecord]:
+        """Every model made from the same original as `record` (variants of variants too),
+        the original first."""
+        root, seen = record, {record.id}
+        while root.variant_of and root.variant_of not in seen and self.find(root.variant_of):
+            seen.add(root.variant_of)
+            root = self.get(root.variant_of)
+        family, queue = [], [root]
+        while queue:
+            current = queue.pop(0)
+            family.append(current)
+            known = {member.id for member in family}
+            queue += [v for v in self.variants_of(current.id) if v.id not in known]
+        return family
+
     # -- helpers for installers that write into the models dir themselves --
 
     def unused_model_path(self, preferred_id: str) -> Path:

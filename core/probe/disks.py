@@ -1,5 +1,5 @@
 """Disk probe: which mount, device and filesystem hold the models folder, SSD or spinning,
-and how much room is left. Read bandwidth is measured later by calibration.
+its read-ahead, and how much room is left. Read bandwidth is measured later by calibration.
 
 Linux reads /proc/mounts and /sys/block under `ctx.root`; other systems ask psutil for the
 mount table on the live machine. Sizes come from `shutil.disk_usage`, also live only.
@@ -122,6 +122,16 @@ def read_rotational(ctx: ProbeContext, disks: Iterable[str]) -> bool | None:
     return any(known) if known else None
 
 
+def read_ahead_bytes(ctx: ProbeContext, name: str) -> int | None:
+    """The read-ahead of the device a filesystem on `name` reads through: a dm device has its
+    own, a partition shares its disk's queue. Sample file content: "8192\n" (KiB)."""
+    for device in (name, parent_disk_name(name)):
+        text = read_text_or_none(ctx.path(f"/sys/block/{device}/queue/read_ahead_kb"))
+        if text is not None and text.strip().isdigit():
+            return int(text.strip()) * 1024
+    return None
+
+
 def _existing_ancestor(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
@@ -148,6 +158,7 @@ def describe_linux(ctx: ProbeContext, models_dir: Path) -> DiskInfo:
         device=mount.device,
         filesystem=mount.filesystem,
         rotational=rotational,
+        read_ahead_bytes=read_ahead_bytes(ctx, name) if name else None,
     )
 
 

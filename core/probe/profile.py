@@ -111,6 +111,10 @@ class DiskInfo:
     total_bytes: int | None = None
     free_bytes: int | None = None
     read_bytes_per_s: int | None = None  # measured by calibration; None until then
+    # the kernel's read-ahead for the device the folder's filesystem sits on
+    # (/sys/block/<dev>/queue/read_ahead_kb): a page fault on a mapped model reads a window
+    # of about this size around it (twice it once llama.cpp fadvises the file sequential)
+    read_ahead_bytes: int | None = None
 
 
 @dataclass(frozen=True)

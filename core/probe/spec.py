@@ -2,7 +2,7 @@
 
     {"schema": 1, "gpus": [{"model": "rtx-3090", "count": 2}], "memory_gb": 64,
      "cpu": {"cores": 6, "threads": 12, "flags": ["avx2", "fma", "f16c"]},
-     "os": "linux", "disk": {"read_gb_s": 3.5}}
+     "os": "linux", "disk": {"read_gb_s": 3.5, "read_ahead_kb": 128}}
 
 A spec may describe a cluster of identical nodes for serving recipes: `"nodes": 2` (default 1)
 and `"interconnect": {"gpu_link": "nvlink" | "pcie" | "unified", "network": "200GbE RoCE",
@@ -124,8 +124,10 @@ def validate_spec(spec: Any, catalog: Mapping[str, CatalogGpu]) -> list[str]:
     if spec.get("os", "linux") not in OSES:
         problems.append(f"'os' must be one of {', '.join(OSES)}, not {spec.get('os')!r}.")
     disk = spec.get("disk", {})
-    if not isinstance(disk, dict) or not _positive_number(disk.get("read_gb_s", 1)):
-        problems.append("'disk' must look like {\"read_gb_s\": 3.5}.")
+    if not isinstance(disk, dict) or not all(
+        _positive_number(disk.get(key, 1)) for key in ("read_gb_s", "read_ahead_kb")
+    ):
+        problems.append('\'disk\' must look like {"read_gb_s": 3.5, "read_ahead_kb": 128}.')
     return problems + _cluster_problems(spec)
 
 
@@ -365,7 +367,14 @@ def _expand_cpu(cpu: Mapping[str, Any], default_arch: str) -> CpuInfo:
 def _expand_disks(disk: Mapping[str, Any] | None) -> tuple[DiskInfo, ...]:
     if not disk:
         return ()
-    return (DiskInfo(path="(spec)", read_bytes_per_s=int(disk["read_gb_s"] * 1e9)),)
+    read_gb_s, read_ahead_kb = disk.get("read_gb_s"), disk.get("read_ahead_kb")
+    return (
+        DiskInfo(
+            path="(spec)",
+            read_bytes_per_s=int(read_gb_s * 1e9) if read_gb_s else None,
+            read_ahead_bytes=int(read_ahead_kb * 1024) if read_ahead_kb else None,
+        ),
+    )
 
 
 def assumed_engine(

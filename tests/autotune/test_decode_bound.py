@@ -181,7 +181,10 @@ def test_a_moe_keeps_its_always_used_tensors_and_reads_only_missing_active_exper
     assert always_used < speed.resident_weights_bytes == room
     kept_share = (room - always_used) / routed
     active = routed * spec.n_expert_used / spec.n_expert
-    assert speed.disk_read_bytes_per_token == pytest.approx(active * (1 - kept_share), rel=0.01)
+    # each ~1 MiB expert slice comes with a little of its neighbours: the fault window of the
+    # assumed 128 KiB read-ahead (tests/autotune/test_streaming.py: larger read-aheads)
+    missing = active * (1 - kept_share)
+    assert missing < speed.disk_read_bytes_per_token < 1.25 * missing
     # reading every active weight's missing share, as a dense model would, reads far more
     assert speed.disk_read_bytes_per_token < 0.5 * active
     why = next(r.why for r in result.reasons if r.setting == "use_mmap")

@@ -110,6 +110,8 @@ def test_flash_attention_shrinks_the_compute_buffer_at_long_context() -> None:
 
 def test_only_cpus_with_the_kernels_repack() -> None:
     assert repacked_types(["avx2", "fma"], "x86_64") == REPACKED_ON_X86_AVX2
+    assert "Q2_K" in repacked_types(["avx2", "avx512f"], "x86_64")  # an AVX-512 kernel
+    assert "Q2_K" not in REPACKED_ON_X86_AVX2
     assert repacked_types(["sse4_2"], "x86_64") == frozenset()
     assert "Q4_0" in repacked_types(["neon", "dotprod"], "arm64")
 

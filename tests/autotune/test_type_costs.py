@@ -52,7 +52,7 @@ def probed_costs() -> KernelCosts:
         ("IQ4_XS", "Q3_K"),  # 256-weight blocks dot against Q8_K like the K-quants
         ("IQ2_XXS", "Q3_K"),
         ("TQ2_0", "Q3_K"),
-        ("MXFP4", "Q5_0"),  # 32-weight blocks, not repacked
+        ("MXFP4", "Q4_0"),  # 32-weight blocks, repacked on AVX2 like Q4_0
         ("Q8_0", None),  # measured itself
     ],
 )
@@ -162,3 +162,53 @@ def test_a_type_is_unmeasured_for_the_kinds_the_calibration_costed_per_type() ->
     both = decode_only | {"prefill_efficiency:Q4_0": 0.6}
     assert unmeasured_types(["Q4_0", "Q4_1"], both) == ["Q4_1"]
     assert unmeasured_types(["Q4_0"], {"prefill_efficiency:Q4_1": 0.6}) == ["Q4_0"]
+
+
+# Routed experts run through llama.cpp's mul_mat_id, not the dense kernels: measured 1.8x
+# slower per weight in a prompt batch on a 2-core EPYC, so they are costed under their own key.
+SMALL_MOE = SyntheticShape(
+    "llama", 2, 256, 4, 1, 512, n_vocab=512, n_expert=4, n_expert_used=2, n_ff_expert=512
+)
+
+
+def test_routed_experts_are_costed_apart_and_estimated_from_their_type_until_measured() -> None:
+    costs = probed_costs()
+    assert costs.source("Q8_0+experts") == "estimated from Q8_0"
+    assert costs.source("Q4_1+experts") == "estimated from Q5_0"  # as the dense Q4_1
+    measured = KernelCosts({"Q8_0": 1e-10, "Q8_0+experts": 2e-10})
+    assert measured.source("Q8_0+experts") == "measured"
+    assert measured.nearest("Q5_0") == "Q8_0"  # a dense type never borrows the experts' cost
+
+
+def test_a_moe_models_experts_are_their_own_cost_and_the_plan_follows_it(tmp_path: Path) -> None:
+    path = write_uniform_gguf(tmp_path / "moe.gguf", SMALL_MOE, "Q8_0")
+    pieces = pieces_from_gguf(validate_gguf(path))
+    assert model_weight_types(pieces) == ["F32", "Q8_0", "Q8_0+experts"]  # F32: the routers
+    figures = planner_figures(recorded_report())
+    before = planned(path, figures)
+    assert "Q8_0 (routed experts) estimated from Q8_0" in cost_reason(before)
+    slower = {
+        f"{kind}_efficiency:Q8_0+experts": figures[f"{kind}_efficiency:Q8_0"] / 2
+        for kind in ("decode", "prefill")
+    }
+    after = planned(path, figures | slower)
+    assert after.speed.prefill_tps < 0.9 * before.speed.prefill_tps
+    # a tiny model's decode is mostly the fixed costs per layer and token
+    assert after.speed.decode_tps_empty_context < before.speed.decode_tps_empty_context
+
+
+def test_measuring_a_moe_models_experts_stores_their_cost(tmp_path: Path) -> None:
+    profile = probe_hardware()
+    model = write_uniform_gguf(tmp_path / "moe.gguf", SMALL_MOE, "Q4_0")
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        store_calibration(recorded_report(), profile, wisdom)
+        costs = measure_type_costs(
+            ["Q4_0+experts"], profile, wisdom, budget_s=10, max_probe_bytes=8 << 20, widths=[512]
+        )
+        assert [(c.type_name, c.reference, c.measured) for c in costs] == [
+            ("Q4_0+experts", "Q4_0", True)
+        ]
+        after = calibration_for(profile, wisdom)
+    assert after["prefill_efficiency:Q4_0+experts"] > 0
+    assert "Q4_0 (routed experts)" in cost_reason(planned(model, after))
+    assert "routed experts) estimated" not in cost_reason(planned(model, after))

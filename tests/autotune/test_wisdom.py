@@ -176,6 +176,8 @@ def test_export_then_import_on_another_machine_brings_everything(
             "defaults": 1,
             "efficiency": 1,
             "calibrations": 1,
+            "type_costs": 0,
+            "quality": 0,
         }
         assert other.lookup(KEY, FAST, "thorough") is not None
         assert other.known_failure(KEY, SLOW) is not None
@@ -185,6 +187,28 @@ def test_export_then_import_on_another_machine_brings_everything(
         assert other.machine_identity(KEY.machine) == {"cpu": "EPYC"}
         again = other.import_(document)  # importing twice adds nothing
         assert set(again.values()) == {0}
+
+
+def test_type_costs_travel_with_the_calibration_they_were_fitted_against(
+    wisdom: WisdomDB, tmp_path: Path
+) -> None:
+    calibrated_at = "2026-11-29T00:00:00"
+    wisdom.save_calibration(KEY.machine, {"created_at": calibrated_at, "x": 1})
+    q4_1 = {"decode_efficiency:Q4_1": 0.42, "decode_row_s:Q4_1": 3e-9}
+    wisdom.save_type_costs(KEY.machine, "Q4_1", calibrated_at, q4_1)
+    wisdom.save_type_costs(KEY.machine, "IQ4_XS", calibrated_at, {"decode_efficiency:IQ4_XS": 0.3})
+    document = json.loads(json.dumps(wisdom.export()))
+
+    with WisdomDB(tmp_path / "other.db") as other:
+        added = other.import_(document)
+        assert added["type_costs"] == 2 and added["calibrations"] == 1
+        latest = other.latest_calibration(KEY.machine)
+        assert latest is not None and latest["created_at"] == calibrated_at
+        assert other.type_costs(KEY.machine, latest["created_at"]) == wisdom.type_costs(
+            KEY.machine, calibrated_at
+        )
+        assert other.type_costs(KEY.machine, calibrated_at)["decode_row_s:Q4_1"] == 3e-9
+        assert other.import_(document)["type_costs"] == 0  # already there: kept, not doubled
 
 
 def test_a_foreign_or_broken_export_is_refused_whole(wisdom: WisdomDB) -> None:
@@ -241,6 +265,7 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE capacity_audits")
     conn.execute("DROP TABLE type_costs")  # schema 4's
+    conn.execute("DROP TABLE quality")  # schema 5's
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()

@@ -493,7 +493,7 @@ def test_speculative_decoding_shows_its_acceptance_under_the_reply_and_in_the_st
     assert loaded is not None
     lookup = SpeculativeConfig(mode="prompt_lookup", draft_tokens=8, ngram_size=2)
     try:
-        # speculation works with one request at a time (core/engine/batch.py)
+        # one slot: the single-sequence path (slots: core/engine/test_batch_speculative.py)
         reload(qtbot, chat, loaded.config.with_changes(speculative=lookup, n_parallel=1))
         chat.new_chat()
         use_settings(chat, max_tokens=48)

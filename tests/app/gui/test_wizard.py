@@ -5,6 +5,7 @@ screenshot script from a recorded real run."""
 
 from __future__ import annotations
 
+import html
 import os
 import time
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from hearthside.app.gui.wizard import (
     verdict,
     wizard_for_screenshots,
 )
+from hearthside.autotune import tuner
 from hearthside.autotune.tuner import TuneEvent, TuneResult
 from hearthside.autotune.wisdom import WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig, SamplingParams
@@ -47,7 +49,10 @@ from hearthside.core.probe.runner import probe_hardware
 
 pytestmark = pytest.mark.gui
 
-MEASURE_BUDGET_S = 15
+# The defaults and the planner's pick only (`only_the_pick`): with speculation and the audit
+# they end well within this budget on a quiet machine, and fit it under load (Gemma's 1- and
+# 2-thread runs took 14 s and 19 s with two other test workers busy).
+MEASURE_BUDGET_S = 45
 # One candidate (load, warm-up, 3 x pp128/tg32) takes ~3 s here when the machine is quiet;
 # the limits leave room for a machine shared with other work.
 RUN_TIMEOUT_MS = 240_000
@@ -117,6 +122,14 @@ def measure_once(qtbot: QtBot, wizard: OptimizeWizard) -> TuneResult:
     return result
 
 
+@pytest.fixture
+def only_the_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner's search space cut to the planner's pick (and the defaults it is compared
+    with): what the wizard shows and applies does not depend on how many were measured."""
+    monkeypatch.setattr(tuner, "candidates", lambda base, _profile: [base])
+
+
+@pytest.mark.usefixtures("only_the_pick")
 def test_measures_the_default_model_and_applies_the_winner(
     qtbot: QtBot, service: EngineService, registered: ModelRecord, profile: HardwareProfile
 ) -> None:
@@ -152,7 +165,10 @@ def test_measures_the_default_model_and_applies_the_winner(
     rows = table_rows(wizard)
     assert rows[0][0] == "Context" and rows[0][1] == "512 tokens"
     assert wizard.result_page.reasons.text().count("<li>") >= 1
-    assert result.audit is not None and result.audit.holds  # the winner's context was checked
+    for note in result.notes:  # what the budget cut short is said on the page
+        assert html.escape(note.reason) in wizard.result_page.reasons.text()
+    # the winner's context was checked, in the budget's time: to 90% full, or as far as it got
+    assert result.audit is not None and (result.audit.holds or not result.audit.complete)
     assert wizard.result_page.audit.text() == f"Context check: {result.audit.message}"
 
     with qtbot.waitSignal(wizard.applied, timeout=5_000) as applied:

@@ -29,7 +29,10 @@ def fake_machine(root: Path, models_dir: str) -> ProbeContext:
         "sys/block/nvme0n1/queue/rotational": "0\n",
         "sys/block/nvme1n1/queue/rotational": "0\n",
         "sys/block/sda/queue/rotational": "1\n",
+        "sys/block/sda/queue/read_ahead_kb": "128\n",
         "sys/block/dm-0/queue/rotational": "0\n",
+        "sys/block/dm-0/queue/read_ahead_kb": "4096\n",
+        "sys/block/nvme1n1/queue/read_ahead_kb": "128\n",
         "sys/block/dm-0/dm/name": "vg0-models\n",
     }
     for relative, text in files.items():
@@ -71,6 +74,14 @@ def test_device_mapper_volume_follows_its_slaves(tmp_path: Path) -> None:
     assert disk.mount_point == "/srv/llm models"
     assert (disk.device, disk.filesystem) == ("/dev/mapper/vg0-models", "btrfs")
     assert disk.rotational is False  # nvme1n1p1 under dm-0
+
+
+def test_read_ahead_is_the_mounted_devices_own(tmp_path: Path) -> None:
+    # a partition reads through its disk's queue; a dm volume has its own read-ahead, not
+    # its members'; a disk whose sysfs has no read_ahead_kb is unknown
+    assert probe_disk(tmp_path / "a", "/data/models").read_ahead_bytes == 128 * 1024
+    assert probe_disk(tmp_path / "b", "/srv/llm models/gguf").read_ahead_bytes == 4096 * 1024
+    assert probe_disk(tmp_path / "c", "/home/ana/models").read_ahead_bytes is None
 
 
 def test_overlay_has_no_block_device_to_ask(tmp_path: Path) -> None:
@@ -136,3 +147,4 @@ def test_a_virtio_disk_does_not_claim_to_spin(tmp_path: Path) -> None:
     (queue / "rotational").write_text("1\n")
     result = disks.probe(ProbeContext(root=root, models_dir=Path("/srv/models")))
     assert result.disks[0].rotational is None
+    assert result.disks[0].read_ahead_bytes is None  # no read_ahead_kb in this fake queue
