@@ -1,8 +1,10 @@
 """`hearthside tune MODEL`: measure settings on this machine and keep the fastest.
 
 Each candidate is loaded and measured with the real engine (llama-bench style); every result
-is stored in the autotune DB, and the winner becomes the model's default here. Compared with
-llama-cpp-python's own defaults, measured the same way, in the same run.
+is stored in the autotune DB, and the winner becomes the model's default here. Each run's
+quality (mean KL divergence, top-1 agreement and perplexity against the file with an f16 KV
+cache) is shown beside its speed, and the goal chooses by both (`autotune/goals.py`). Compared
+with llama.cpp's own defaults and llama-cpp-python's, measured the same way, in the same run.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model", nargs="?", default="default", help="installed id or .gguf path")
     parser.add_argument(
-        "--goal", choices=[g for g in get_args(Goal) if g != "longest-context"], default="fastest"
+        "--goal",
+        choices=get_args(Goal),
+        default="fastest",
+        help="fastest (within the quality budget), balanced, quality, or longest-context "
+        "(the longest context that fits; chat then loads with it)",
     )
     parser.add_argument(
         "--budget-s",
@@ -73,6 +79,8 @@ def _event_text(event: TuneEvent) -> str:
         f"{config.get('n_threads')} threads, flash {'on' if config.get('flash_attn') else 'off'}, "
         f"ubatch {config.get('n_ubatch')}, KV {config.get('type_k')}"
     )
+    if event.kind == "quality":
+        return f"quality: {event.message}"
     measured = f" → {event.decode_tps:.1f} tok/s" if event.decode_tps else ""
     return f"[{event.index}/{event.total}] {event.kind}: {what}{measured}"
 
@@ -81,40 +89,81 @@ def result_as_dict(result: TuneResult) -> dict[str, object]:
     return {
         "goal": result.goal,
         "key": result.key.to_dict(),
-        "best": _run_dict(result.best),
-        "baseline": _run_dict(result.baseline),
+        "best": _run_dict(result.best, result),
+        "baseline": _run_dict(result.baseline, result),
+        "llama_cpp_python_defaults": _run_dict(result.python_defaults, result),
         "speedup_over_defaults": result.speedup,
+        "speedup_over_llama_cpp_python_defaults": result.speedup_over_python_defaults,
+        "quality_reference": result.quality.reference if result.quality else None,
+        "kld_budget": result.kld_budget,
+        "fastest": _run_dict(result.fastest, result),
+        "budget_cost": result.budget_cost,
         "capacity_audit": result.audit.to_dict() if result.audit else None,
         "speculation": [decision.to_dict() for decision in result.speculation],
         "notes": [note.to_dict() for note in result.notes],
-        "runs": [_run_dict(run) for run in result.runs],
+        "runs": [_run_dict(run, result) for run in result.runs],
     }
 
 
-def _run_dict(run: RunRecord | None) -> dict[str, object] | None:
+def _run_dict(run: RunRecord | None, result: TuneResult) -> dict[str, object] | None:
     if run is None:
         return None
     data = asdict(run)
     data.pop("memory", None)
+    data["quality"] = result.quality_of(run).to_dict() if run.outcome == "ok" else None
     return data
 
 
 def describe_result(result: TuneResult) -> str:
     lines = [f"Measured {len(result.runs)} settings (goal {result.goal})."]
+    if result.quality is not None:
+        lines.append(
+            f"Quality vs {result.quality.reference}: mean KL divergence (budget "
+            f"{result.kld_budget}), top-1 agreement."
+        )
     for run in sorted(result.runs, key=lambda r: r.decode_tps or 0, reverse=True):
-        lines.append(f"  {_settings_text(run.config)}  {_outcome_text(run)}{_mark(run, result)}")
+        quality = _quality_text(result, run)
+        lines.append(
+            f"  {_settings_text(run.config)}  {_outcome_text(run)}{quality}{_mark(run, result)}"
+        )
     if result.audit is not None:
         lines.append(f"Context check: {result.audit.message}")
     lines.extend(_speculation_lines(result.speculation))
     if result.notes:
         lines.append("Shortened or skipped (to keep the time budget, or why not):")
         lines.extend(f"  {note.phase}: {note.reason}" for note in result.notes)
-    if result.speedup is not None:
-        lines.append(
-            f"Chosen settings decode {result.speedup:.2f}x llama-cpp-python's defaults; "
-            "they are now this model's default on this machine."
-        )
+    lines.extend(_comparison_lines(result))
     return "\n".join(lines)
+
+
+def _comparison_lines(result: TuneResult) -> list[str]:
+    lines = []
+    if result.speedup is not None:
+        lines.append(f"Chosen settings decode {result.speedup:.2f}x llama.cpp's defaults.")
+    if result.speedup_over_python_defaults is not None:
+        lines.append(
+            f"  and {result.speedup_over_python_defaults:.2f}x llama-cpp-python's `Llama()` "
+            "constructor defaults."
+        )
+    cost = result.budget_cost
+    if cost is not None and cost > 1.0:
+        lines.append(
+            f"The quality budget cost {cost - 1:.0%} of decode speed: the fastest run's KV "
+            f"cache moved the answers more than a mean KLD of {result.kld_budget}."
+        )
+    if result.best is not None:
+        lines.append("They are now this model's default on this machine.")
+    return lines
+
+
+def _quality_text(result: TuneResult, run: RunRecord) -> str:
+    if run.outcome != "ok":
+        return ""
+    quality = result.quality_of(run)
+    if quality.source == "prior":
+        return f", KLD ~{quality.mean_kld:.3f} (not measured)"
+    agreement = f", top-1 {quality.top1_agreement:.0%}" if quality.top1_agreement else ""
+    return f", KLD {quality.mean_kld:.4f}{agreement}"
 
 
 def _speculation_lines(decisions: Sequence[SpeculationDecision]) -> list[str]:
@@ -153,6 +202,7 @@ def _outcome_text(run: RunRecord) -> str:
 
 
 def _mark(run: RunRecord, result: TuneResult) -> str:
-    if run is result.best:
-        return " <- chosen"
-    return " (llama-cpp-python defaults)" if run is result.baseline else ""
+    chosen = " <- chosen" if run is result.best else ""
+    if run is result.baseline:
+        return f"{chosen} (llama.cpp defaults)"
+    return f"{chosen} (llama-cpp-python defaults)" if run is result.python_defaults else chosen

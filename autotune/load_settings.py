@@ -120,7 +120,10 @@ def _measured_or_planned(
 
 
 def _tuned(saved: ModelDefault, model_path: Path, n_ctx: int) -> EngineConfig | None:
-    """The saved config at `n_ctx` with one slot, as it was measured."""
+    """The saved config at `n_ctx` with one slot, as it was measured; tuned for the longest
+    context, at the longer of the two (that is what the goal was for)."""
+    if saved.goal == "longest-context":
+        n_ctx = max(n_ctx, int(saved.config.get("n_ctx") or n_ctx))
     values: dict[str, Any] = {
         **saved.config,
         "model_path": str(model_path),

@@ -39,6 +39,7 @@ from hearthside.autotune.cpu_costs import (
     describe_key,
     layer_seconds,
 )
+from hearthside.autotune.goals import KLD_BUDGET, prior_quality
 from hearthside.autotune.memory import (
     CPU,
     LayerPlacement,
@@ -1012,8 +1013,9 @@ def _score(candidate: Candidate, goal: Goal) -> tuple[float, ...]:
     fits = 1.0 if candidate.fits else 0.0
     if goal == "longest-context":
         return (fits, config.n_ctx, kv_quality, candidate.speed.decode_tps)
-    if goal == "fastest":
-        return (fits, candidate.speed.decode_tps, kv_quality, config.n_ctx)
+    if goal == "fastest":  # within the quality budget unless nothing within it fits
+        within = 1.0 if prior_quality(config.type_k).mean_kld <= KLD_BUDGET else 0.0
+        return (fits, within, candidate.speed.decode_tps, kv_quality, config.n_ctx)
     if goal == "quality":
         return (fits, kv_quality, candidate.speed.decode_tps, config.n_ctx)
     # balanced: the default context; a finer KV cache is worth 10% of speed per step
@@ -1060,8 +1062,9 @@ def _reasons(
             config.type_k,
             "Full-precision KV cache fits."
             if config.type_k == "f16"
-            else f"A {config.type_k} KV cache makes this context fit (or run faster); quality "
-            "loss is small for most families.",
+            else f"A {config.type_k} KV cache makes this context fit (or run faster); it moves "
+            f"the answers by a mean KLD of about {prior_quality(config.type_k).mean_kld:.3f} "
+            f"(a prior until `hearthside tune` measures it; the budget is {KLD_BUDGET}).",
         )
     )
     reasons.append(

@@ -1,8 +1,9 @@
 """One time budget for a tuning run, split into a deadline per phase.
 
 `tune(budget_s=60)` ends after about 60 s: weight types the calibration lacks first (at most
-`TYPES_SHARE`), then the candidates, then speculative decoding on the winner
-(`SPECULATION_SHARE` of what the two share), then the winner's context audit, whose time is
+`TYPES_SHARE`), then the candidates, then the quality of their KV-cache types (`QUALITY_SHARE`
+of what these three share, and whatever the candidates left), then speculative decoding on the
+winner (`SPECULATION_SHARE`), then the winner's context audit, whose time is
 held back from the start (estimated from the planner's speeds, at most `AUDIT_SHARE`). A
 measurement in flight may run `grace_s` past its phase's deadline (a speculation trial none: the
 audit's time comes after it); past that its engine worker is stopped (`Watchdog`) and the run
@@ -22,10 +23,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-Phase = Literal["types", "candidates", "speculation", "audit"]
+Phase = Literal["types", "candidates", "quality", "speculation", "audit"]
 
 TYPES_SHARE = 0.25  # at most, of the budget, for the weight types the calibration lacks
-SPECULATION_SHARE = 0.35  # of the time the candidates and speculation share
+SPECULATION_SHARE = 0.35  # of the time the candidates, quality and speculation share
+QUALITY_SHARE = 0.20  # of that time: a reference pass and one per KV type, once per model
 AUDIT_SHARE = 0.25  # at most, of the budget, held back for the context audit
 GRACE_SHARE = 0.10  # of the budget: how far a measurement in flight may run past its deadline
 GRACE_MIN_S = 1.5
@@ -70,6 +72,7 @@ class TuneClock:
         self.grace_s = max(GRACE_MIN_S, GRACE_SHARE * budget_s)
         self.types_end = self.started + TYPES_SHARE * budget_s
         self.candidates_end = self.end
+        self.quality_end = self.end
         self.speculation_end = self.end
 
     def hold_for_audit(self, audit_s: float) -> None:
@@ -80,14 +83,16 @@ class TuneClock:
     def left_s(self, deadline: float | None = None) -> float:
         return (self.end if deadline is None else deadline) - self.now()
 
-    def split(self, audit_s: float, *, speculation: bool) -> None:
-        """Deadlines for the candidates and speculation from what is left, once the weight
-        types are measured, holding `audit_s` (at most `AUDIT_SHARE`) back for the audit."""
+    def split(self, audit_s: float, *, speculation: bool, quality: bool = True) -> None:
+        """Deadlines for the candidates, quality and speculation from what is left, once the
+        weight types are measured, holding `audit_s` (at most `AUDIT_SHARE`) back for the
+        audit."""
         self.hold_for_audit(audit_s)
         shared = max(0.0, self.speculation_end - self.now())
-        self.candidates_end = self.speculation_end - (
+        self.quality_end = self.speculation_end - (
             SPECULATION_SHARE * shared if speculation else 0.0
         )
+        self.candidates_end = self.quality_end - (QUALITY_SHARE * shared if quality else 0.0)
 
 
 class Watchdog:

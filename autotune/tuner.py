@@ -33,6 +33,7 @@ from typing import Any, Literal
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.capacity import CapacityAudit, audit_context_within
 from hearthside.autotune.fingerprint import TuningKey, machine_identity, tuning_key
+from hearthside.autotune.goals import KLD_BUDGET, RunQuality, choose, prior_quality
 from hearthside.autotune.memory import WeightPiece, pieces_from_spec
 from hearthside.autotune.planner import Goal, Plan, SpeedEstimate, evaluate_config, plan
 from hearthside.autotune.recipes import sync_recipes
@@ -56,6 +57,7 @@ from hearthside.autotune.tune_budget import (
     Watchdog,
     estimated_audit_s,
 )
+from hearthside.autotune.tune_quality import KvQuality, kv_quality
 from hearthside.autotune.tune_types import measure_missing_types
 from hearthside.autotune.wisdom import Outcome, Rigor, RunRecord, WisdomDB, config_key
 from hearthside.core.engine.bench import measure_verify_cost, run_bench
@@ -68,7 +70,8 @@ from hearthside.core.models.spec import ModelSpec, spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.kernels.engine_run import candidate_thread_counts
 
-EventKind = Literal["start", "measured", "reused", "skipped", "failed", "done"]
+EventKind = Literal["start", "measured", "reused", "skipped", "failed", "quality", "done"]
+Baseline = Literal["", "llama.cpp", "llama-cpp-python"]
 
 
 # A quick measurement: enough tokens to be stable on a small model, short enough for a wizard.
@@ -96,6 +99,7 @@ class TuneEvent:
     prefill_tps: float | None = None
     message: str = ""
     workload: str | None = None  # set for speculative-decoding measurements
+    baseline: Baseline = ""  # whose defaults this candidate is, if anyone's
 
 
 Listener = Callable[[TuneEvent], None]
@@ -106,27 +110,69 @@ class TuneResult:
     key: TuningKey
     goal: Goal
     best: RunRecord | None
-    baseline: RunRecord | None  # llama-cpp-python's defaults, measured the same way
+    baseline: RunRecord | None  # llama.cpp's own defaults, measured the same way
     runs: tuple[RunRecord, ...]
     plan: Plan
     audit: CapacityAudit | None = None  # of the winner's context
     speculation: tuple[SpeculationDecision, ...] = ()  # one per workload, measured on the winner
     notes: tuple[PhaseNote, ...] = ()  # phases shortened or skipped to keep the budget, and why
+    python_defaults: RunRecord | None = None  # llama-cpp-python's `Llama()` defaults
+    quality: KvQuality | None = None  # of each KV-cache type the runs used
+    fastest: RunRecord | None = None  # the fastest run whatever its quality
+    kld_budget: float = KLD_BUDGET
 
     @property
     def speedup(self) -> float | None:
-        """The winner's decode speed over the defaults'."""
-        if not (self.best and self.baseline and self.best.decode_tps and self.baseline.decode_tps):
-            return None
-        return self.best.decode_tps / self.baseline.decode_tps
+        """The winner's decode speed over llama.cpp's defaults'."""
+        return _ratio(self.best, self.baseline)
+
+    @property
+    def speedup_over_python_defaults(self) -> float | None:
+        return _ratio(self.best, self.python_defaults)
+
+    @property
+    def budget_cost(self) -> float | None:
+        """How much faster the fastest run was than the pick: what the quality budget cost."""
+        return _ratio(self.fastest, self.best)
+
+    def quality_of(self, run: RunRecord) -> RunQuality:
+        return _run_quality(self.quality, run)
+
+
+def _ratio(first: RunRecord | None, second: RunRecord | None) -> float | None:
+    if not (first and second and first.decode_tps and second.decode_tps):
+        return None
+    return first.decode_tps / second.decode_tps
+
+
+def llama_cpp_defaults(model_path: str, profile: HardwareProfile, n_ctx: int) -> EngineConfig:
+    """What `llama-server -m FILE` uses (common/common.h, arg.cpp): the physical (performance)
+    cores for both phases, flash attention auto (on where the backend has it: the CPU does), an
+    f16 KV cache, batch 2048 / micro-batch 512, every layer on the GPU there is. The context is
+    the tuned one, so both hold the same cache."""
+    cores = profile.cpu.performance_cores or profile.cpu.physical_cores or 1
+    return EngineConfig(
+        model_path,
+        n_ctx=n_ctx,
+        n_threads=cores,
+        n_threads_batch=cores,
+        n_batch=2048,
+        n_ubatch=512,
+        flash_attn=True,
+        n_gpu_layers=-1 if profile.gpus else 0,
+    )
 
 
 def llama_cpp_python_defaults(model_path: str) -> EngineConfig:
     """What `Llama(model_path)` uses when nothing is set (FIELD_NOTES): 512 context,
-    cpu_count // 2 threads for both phases, no flash attention, f16 KV."""
-    threads = max(1, (os.cpu_count() or 2) // 2)
+    cpu_count // 2 decode threads and cpu_count prompt threads, no flash attention, f16 KV."""
+    logical = os.cpu_count() or 2
     return EngineConfig(
-        model_path, n_ctx=512, n_threads=threads, n_threads_batch=threads, flash_attn=False
+        model_path,
+        n_ctx=512,
+        n_threads=max(1, logical // 2),
+        n_threads_batch=logical,
+        flash_attn=False,
     )
 
 
@@ -142,6 +188,7 @@ def candidates(base: EngineConfig, profile: HardwareProfile) -> list[EngineConfi
     ]
     variants += [base.with_changes(flash_attn=True, type_k="f16", type_v="f16")]
     variants += [base.with_changes(flash_attn=True, type_k="q8_0", type_v="q8_0")]
+    variants += [base.with_changes(flash_attn=True, type_k="q4_0", type_v="q4_0")]
     variants += [
         _with_flash(base.with_changes(n_threads=count), flash)
         for count in threads
@@ -197,20 +244,35 @@ def tune(
         notes = list(measure_missing_types(model_path, profile, db, clock))
         calibration = calibration_for(profile, db)
         # one slot: a run measures one request, and loads add the slots (load_settings.py)
+        # the longest-context goal plans the longest context that fits, the others chat's
+        context = None if goal == "longest-context" else TUNING_CONTEXT
         planned = plan(
-            spec, profile, goal=goal, n_ctx=TUNING_CONTEXT, calibration=calibration, n_parallel=1
+            spec, profile, goal=goal, n_ctx=context, calibration=calibration, n_parallel=1
         )
         base = replace(planned.config, model_path=str(model_path))
-        baseline_config = llama_cpp_python_defaults(str(model_path))
-        queue = [baseline_config, *candidates(base, profile)]
+        baseline_config = llama_cpp_defaults(str(model_path), profile, base.n_ctx)
+        python_config = llama_cpp_python_defaults(str(model_path))
+        queue = _queue(baseline_config, base, python_config, profile)
         predictions = predicted_speeds(spec, profile, queue, calibration)
         audit_s = estimated_audit_s(base.n_ctx, planned.speed.prefill_tps, planned.speed.decode_tps)
         clock.split(audit_s, speculation=speculation)
-        runs = _measure_candidates(db, key, queue, predictions, rigor, planned, clock, notify, stop)
+        roles = partial(_role, baseline_config, python_config)
+        announce = _with_roles(notify, [roles(config) for config in queue])
+        runs = _measure_candidates(
+            db, key, queue, predictions, rigor, planned, clock, announce, stop
+        )
         notes += runs.notes
         baseline = next((r for r in runs.runs if _same(r.config, baseline_config)), None)
-        tuned = [r for r in runs.runs if r is not baseline and r.outcome == "ok"]
-        best = max(tuned, key=lambda run: _goal_score(run, goal), default=None)
+        python_defaults = next((r for r in runs.runs if _same(r.config, python_config)), None)
+        # the constructor's 512-token context is no choice for chat: a comparison only
+        tuned = [r for r in runs.runs if r is not python_defaults and r.outcome == "ok"]
+        quality = None
+        if tuned and not stop.is_set():
+            quality = _kv_quality(db, model_path, tuned, rigor, clock, notify)
+            notes += quality.notes
+        quality_of = partial(_run_quality, quality)
+        choice = choose(tuned, quality_of, goal)
+        best = choice.best
         decisions: tuple[SpeculationDecision, ...] = ()
         if best is not None:
             n_ctx = int(best.config.get("n_ctx") or TUNING_CONTEXT)
@@ -241,11 +303,72 @@ def tune(
                 notes += [audit_note] if audit_note is not None else []
         notify(TuneEvent("done", len(queue), len(queue), best.config if best else {}))
         return TuneResult(
-            key, goal, best, baseline, tuple(runs.runs), planned, audit, decisions, tuple(notes)
+            key,
+            goal,
+            best,
+            baseline,
+            tuple(runs.runs),
+            planned,
+            audit,
+            decisions,
+            tuple(notes),
+            python_defaults,
+            quality,
+            choice.fastest,
         )
     finally:
         if owned:
             db.close()
+
+
+def _queue(
+    baseline: EngineConfig, base: EngineConfig, python: EngineConfig, profile: HardwareProfile
+) -> list[EngineConfig]:
+    """llama.cpp's defaults (the headline's comparison), the planner's pick, its variations,
+    then llama-cpp-python's defaults (a second comparison, when the budget reaches it)."""
+    return _unique([baseline, base, *candidates(base, profile), python])
+
+
+def _role(baseline: EngineConfig, python: EngineConfig, config: EngineConfig) -> Baseline:
+    settings = config.to_dict()
+    if _same(settings, baseline):
+        return "llama.cpp"
+    return "llama-cpp-python" if _same(settings, python) else ""
+
+
+def _with_roles(notify: Listener, roles: Sequence[Baseline]) -> Listener:
+    """`notify`, each candidate's event saying whose defaults it is (by its 1-based index)."""
+    return lambda event: notify(replace(event, baseline=roles[event.index - 1]))
+
+
+def _kv_quality(
+    db: WisdomDB,
+    model_path: Path,
+    tuned: Sequence[RunRecord],
+    rigor: Rigor,
+    clock: TuneClock,
+    notify: Listener,
+) -> KvQuality:
+    """The quality of each KV-cache type the measured runs used, within the quality phase."""
+
+    def announce(kv_type: str, measured: RunQuality) -> None:
+        message = f"{kv_type} KV: mean KLD {measured.mean_kld:.4f} vs f16"
+        notify(TuneEvent("quality", 0, 0, {"type_k": kv_type}, message=message))
+
+    return kv_quality(
+        model_path,
+        {str(run.config.get("type_k") or "f16") for run in tuned},
+        db,
+        rigor=rigor,
+        seconds_left=lambda: clock.left_s(clock.quality_end),
+        prefill_tps=max(run.prefill_tps or 0.0 for run in tuned),
+        listener=announce,
+    )
+
+
+def _run_quality(quality: KvQuality | None, run: RunRecord) -> RunQuality:
+    kv_type = str(run.config.get("type_k") or "f16")
+    return quality.of(kv_type) if quality else prior_quality(kv_type)
 
 
 @dataclass(frozen=True)
@@ -312,7 +435,7 @@ def _speculation_notes(
     unmeasured = [d.workload for d in decisions if d.reference_decode_tps is None]
     if not unmeasured:
         return []
-    share = clock.speculation_end - clock.candidates_end
+    share = clock.speculation_end - clock.quality_end
     return [
         PhaseNote(
             "speculation",
@@ -559,14 +682,6 @@ def _learn(db: WisdomDB, key: TuningKey, run: RunRecord, planned: Plan) -> None:
         db.learn_efficiency(
             key.machine, key.engine, tier, "prefill", run.prefill_tps / predicted_prefill
         )
-
-
-def _goal_score(run: RunRecord, goal: Goal) -> tuple[float, ...]:
-    decode = run.decode_tps or 0.0
-    prefill = run.prefill_tps or 0.0
-    if goal == "fastest":
-        return (decode, prefill)
-    return (decode + prefill / 20, decode)  # balanced: a slow first token costs too
 
 
 def _same(first: dict[str, Any], second: EngineConfig) -> bool:

@@ -2,7 +2,8 @@
 
 One column group per candidate the tuner reached, in the order it reached them: a light bar
 for the cost model's predicted decode tok/s beside a solid bar for what the engine measured,
-the candidate's settings under it, and a strip for the memory llama.cpp allocated. A
+the candidate's settings and its quality (mean KL divergence against the f16 KV cache, once
+measured) under it, and a strip for the memory llama.cpp allocated. A
 candidate that ran out of memory or failed keeps its place, drawn as such, so a sweep with
 failures reads honestly. Painted by hand (QtCharts is not in PySide6-Essentials) from the
 palette, so it follows the light and dark themes.
@@ -27,7 +28,7 @@ EntryState = Literal[
 MIB = 1024 * 1024
 MIN_GROUPS = 6  # so two candidates do not become two giant bars
 LEFT, RIGHT, TOP = 48.0, 12.0, 34.0
-LABEL_LINES = 2
+LABEL_LINES = 3  # two of settings, one of quality
 MEMORY_ROW = 22.0
 FAILURE_COLOURS = {False: "#c5221f", True: "#f28b82"}  # by dark theme
 BEST_COLOURS = {False: "#188038", True: "#81c995"}
@@ -44,18 +45,23 @@ class ChartEntry:
     measured_tps: float | None = None
     memory_bytes: int | None = None
     note: str = ""
-    baseline: bool = False  # llama-cpp-python's defaults
+    baseline: str = ""  # whose defaults: "llama.cpp", "llama-cpp-python" or "" (a candidate)
     chosen: bool = False
+    quality: str = ""  # e.g. "KLD 0.002"; "" until known
+    over_budget: bool = False  # its KLD is over the goal's budget: not chosen for it
 
     @property
     def has_result(self) -> bool:
         return self.state in ("measured", "reused")
 
 
-def candidate_label(config: dict[str, Any], baseline: bool = False) -> tuple[str, str]:
+BASELINE_NAMES = {"llama.cpp": "llama.cpp defaults", "llama-cpp-python": "Llama() defaults"}
+
+
+def candidate_label(config: dict[str, Any], baseline: str = "") -> tuple[str, str]:
     """Two short lines naming a candidate's settings."""
     threads = config.get("n_threads")
-    first = "llama.cpp defaults" if baseline else f"{threads} thread{'s' if threads != 1 else ''}"
+    first = BASELINE_NAMES.get(baseline) or f"{threads} thread{'s' if threads != 1 else ''}"
     flash = "FA on" if config.get("flash_attn") else "FA off"
     second = f"{flash} · ub {config.get('n_ubatch')} · KV {config.get('type_k')}"
     return first, second
@@ -79,6 +85,9 @@ def entry_description(entry: ChartEntry) -> str:
         parts.append(f"measured {entry.measured_tps:.1f} tok/s")
     if entry.memory_bytes is not None:
         parts.append(f"memory {memory_text(entry.memory_bytes)}")
+    if entry.quality:
+        budget = " — over the quality budget, not chosen" if entry.over_budget else ""
+        parts.append(f"quality {entry.quality}{budget}")
     state_words = {
         "measuring": "being measured",
         "reused": "measured before (from the autotune database)",
@@ -137,7 +146,7 @@ class TuneChart(QWidget):
             measured_tps=event.decode_tps,
             memory_bytes=memory_bytes,
             note=event.message,
-            baseline=event.index == 1,  # the tuner measures the defaults first
+            baseline=event.baseline,
         )
         self._put(entry)
 
@@ -152,7 +161,17 @@ class TuneChart(QWidget):
         """Highlight the winner (`config` as the tuner stored it; None: no winner)."""
         chosen = config_key(config) if config is not None else None
         self.entries = [
-            replace(e, chosen=not e.baseline and config_key(e.config) == chosen)
+            replace(e, chosen=e.baseline != "llama-cpp-python" and config_key(e.config) == chosen)
+            for e in self.entries
+        ]
+        self._changed()
+
+    def mark_quality(self, kv_type: str, text: str, over_budget: bool) -> None:
+        """The quality of every candidate with a `kv_type` KV cache (they share one file)."""
+        self.entries = [
+            replace(e, quality=text, over_budget=over_budget)
+            if e.config.get("type_k") == kv_type
+            else e
             for e in self.entries
         ]
         self._changed()
@@ -361,7 +380,13 @@ class TuneChart(QWidget):
         metrics = QFontMetrics(self.font())
         first, second = candidate_label(entry.config, entry.baseline)
         y = rect.bottom() + metrics.ascent() + 4
-        for line, colour in ((first, colours["text"]), (second, colours["muted"])):
+        quality_colour = colours["failed"] if entry.over_budget else colours["muted"]
+        lines = (
+            (first, colours["text"]),
+            (second, colours["muted"]),
+            (entry.quality, quality_colour),
+        )
+        for line, colour in lines:
             text = metrics.elidedText(line, Qt.TextElideMode.ElideRight, int(rect.width()) - 4)
             painter.setPen(colour)
             painter.drawText(

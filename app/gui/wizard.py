@@ -84,7 +84,7 @@ from hearthside.autotune.tuner import (
     TUNING_CONTEXT,
     TuneEvent,
     TuneResult,
-    llama_cpp_python_defaults,
+    llama_cpp_defaults,
     save_tuned_defaults,
     tune,
 )
@@ -321,13 +321,18 @@ def verdict(result: TuneResult) -> tuple[str, str]:
     measured = f"{best.decode_tps or 0:.1f} tok/s"
     if speedup is None or baseline is None:
         return f"Chosen: {measured}", "The defaults were not measured in this run."
-    compared = f"{measured} vs {baseline.decode_tps or 0:.1f} tok/s with llama.cpp's defaults"
+    compared = (
+        f"{measured} vs {baseline.decode_tps or 0:.1f} tok/s with llama.cpp's defaults "
+        f"(measured now){_python_defaults_text(result)}"
+    )
     if speedup >= SAME_SPEED_BAND[1]:
-        return f"{speedup:.1f}× faster than llama.cpp's defaults", f"Decode: {compared}."
+        headline = f"{speedup:.2f}× faster than llama.cpp's defaults"
+        return headline, f"Decode: {compared}.{_quality_budget_text(result)}"
     if speedup > SAME_SPEED_BAND[0]:
         return (
             "About as fast as llama.cpp's defaults",
-            f"Decode: {compared}; chosen for its {_context_gain(best, baseline)}.",
+            f"Decode: {compared}; chosen for its {_context_gain(best, baseline)}."
+            + _quality_budget_text(result),
         )
     return (
         "llama.cpp's defaults measured faster here",
@@ -335,6 +340,52 @@ def verdict(result: TuneResult) -> tuple[str, str]:
         "measure again, or Apply only if you need the chosen settings' "
         f"{_context_gain(best, baseline)}.",
     )
+
+
+def _python_defaults_text(result: TuneResult) -> str:
+    ratio = result.speedup_over_python_defaults
+    return f"; {ratio:.2f}× llama-cpp-python's Llama() defaults" if ratio is not None else ""
+
+
+def _quality_budget_text(result: TuneResult) -> str:
+    """What keeping the answers close to the reference cost, when it cost anything."""
+    cost, fastest = result.budget_cost, result.fastest
+    if cost is None or fastest is None or cost < SAME_SPEED_BAND[1]:
+        return ""
+    quality = result.quality_of(fastest)
+    return (
+        f" The fastest setting ({fastest.config.get('type_k')} KV, {cost:.2f}× the chosen "
+        f"speed) was not chosen: its mean KLD {quality.mean_kld:.3f} is over the quality "
+        f"budget of {result.kld_budget} — its answers noticeably differ."
+    )
+
+
+def quality_text(result: TuneResult, run: RunRecord) -> str:
+    """A run's quality in a few words: the reference itself, measured, or a prior."""
+    quality = result.quality_of(run)
+    if quality.source == "reference":
+        return "the reference (f16 KV)"
+    if quality.source == "prior":
+        return f"KLD ~{quality.mean_kld:.3f} (not measured yet)"
+    agreement = quality.top1_agreement or 0.0
+    return f"KLD {quality.mean_kld:.4f}, same top token {agreement:.0%}"
+
+
+def mark_quality(chart: TuneChart, result: TuneResult) -> None:
+    """Each measured candidate's quality under its bar, in red when over the budget."""
+    for run in result.runs:
+        if run.outcome == "ok" and run is not result.python_defaults:
+            over = result.quality_of(run).mean_kld > result.kld_budget
+            short = quality_text(result, run).split(",")[0]
+            chart.mark_quality(str(run.config.get("type_k")), short, over)
+
+
+def quality_row(result: TuneResult) -> SettingRow | None:
+    """The quality of the chosen run against the defaults' (f16 KV: the reference)."""
+    if result.best is None:
+        return None
+    default = quality_text(result, result.baseline) if result.baseline else "the reference"
+    return SettingRow("Quality (vs f16 KV)", default, quality_text(result, result.best))
 
 
 def _context_gain(best: RunRecord, baseline: RunRecord) -> str:
@@ -1017,6 +1068,11 @@ class MeasurePage(QWizardPage):
         assert event is not None
         if event.kind == "done":
             return
+        if event.kind == "quality":
+            kv_type = str(event.config.get("type_k"))
+            self.detail.setText(f"Quality measured: {event.message}.")
+            self.chart.mark_quality(kv_type, event.message.split(": ", 1)[-1], False)
+            return
         if event.workload is not None:  # speculation measured on the winner, not a candidate
             if not self.stopping:
                 self.status.setText(f"Trying speculative decoding on the {event.workload} prompts…")
@@ -1026,7 +1082,7 @@ class MeasurePage(QWizardPage):
         self.total = event.total
         self.chart.add_event(event, update.memory_bytes, update.outcome)
         if event.kind == "start" and not self.stopping:
-            first, second = candidate_label(event.config, baseline=event.index == 1)
+            first, second = candidate_label(event.config, event.baseline)
             self.status.setText(f"Measuring {first}, {second} ({event.index} of {event.total})…")
         else:
             self.done_count += 1
@@ -1055,6 +1111,8 @@ class MeasurePage(QWizardPage):
         runs = result.runs if result is not None else ()
         if result is not None and result.best is not None:
             self.chart.mark_chosen(result.best.config)
+        if result is not None:
+            mark_quality(self.chart, result)
         measured = _count(sum(1 for run in runs if run.outcome == "ok"), "setting")
         if self.stopping:
             self.status.setText(f"Stopped: {measured} measured.")
@@ -1158,10 +1216,12 @@ class ResultPage(QWizardPage):
         defaults = (
             result.baseline.config
             if result.baseline is not None
-            else llama_cpp_python_defaults("").to_dict()
+            else llama_cpp_defaults("", self._wizard.found_profile(), TUNING_CONTEXT).to_dict()
         )
         chosen = result.best.config if result.best is not None else defaults
-        self._fill_table(settings_rows(chosen, defaults))
+        rows = settings_rows(chosen, defaults)
+        quality = quality_row(result)
+        self._fill_table([*rows, quality] if quality else rows)
         self.reasons.setText(_reasons_html(measured_reasons(result)))
         self.audit.setText(f"Context check: {audit_text(result)}")
         name = self._wizard.choice.name if self._wizard.choice else "this model"
@@ -1185,7 +1245,9 @@ class ResultPage(QWizardPage):
             f"{'fits' if planned.fits else 'does not fit'} in memory, and answers the first "
             f"{TUNING_CONTEXT}-token prompt in about {planned.speed.ttft_s:.1f} s."
         )
-        defaults = llama_cpp_python_defaults(planned.config.model_path).to_dict()
+        defaults = llama_cpp_defaults(
+            planned.config.model_path, self._wizard.found_profile(), planned.config.n_ctx
+        ).to_dict()
         self._fill_table(settings_rows(planned.config.to_dict(), defaults))
         self.reasons.setText(_reasons_html(planned.reasons))
         self.note.setText(
@@ -1341,14 +1403,14 @@ class OptimizeWizard(QWizard):
         self.choice = choice
         assert choice is not None
         goal = self.goal_page.goal()
-        profile = self._found_profile()
+        profile = self.found_profile()
         run_in_background(
             lambda: plan_for_catalog(choice, survey(profile), goal),
             self.result_page.show_plan,
             self.result_page.show_error,
         )
 
-    def _found_profile(self) -> HardwareProfile:
+    def found_profile(self) -> HardwareProfile:
         assert self.found is not None
         return self.found.profile
 

@@ -152,3 +152,14 @@ def test_measured_speculation_keeps_speculating_with_the_slots(
     asked = choose_load_settings(model, profile, wisdom, n_ctx=1024, n_parallel=2)
     assert asked.config.n_parallel == 2 and asked.config.speculative == lookup
     assert asked.source == unasked.source == "tuned" and not asked.backed_off
+
+
+def test_settings_tuned_for_the_longest_context_load_with_it(
+    long_model: Path, profile: HardwareProfile, wisdom: WisdomDB
+) -> None:
+    tuned = EngineConfig(str(long_model), n_ctx=32768, flash_attn=True, type_k="q8_0")
+    wisdom.set_default(tuning_key(profile, long_model), tuned.to_dict(), "longest-context")
+    chosen = choose_load_settings(long_model, profile, wisdom, n_ctx=2048)
+    assert chosen.source == "tuned" and chosen.config.n_ctx == 32768
+    asked_longer = choose_load_settings(long_model, profile, wisdom, n_ctx=65536)
+    assert asked_longer.config.n_ctx == 65536  # a longer context asked for still wins

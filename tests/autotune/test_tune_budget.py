@@ -15,6 +15,7 @@ from hearthside.autotune.capacity import audit_context
 from hearthside.autotune.fingerprint import TuningKey
 from hearthside.autotune.tune_budget import (
     AUDIT_SHARE,
+    QUALITY_SHARE,
     SPECULATION_SHARE,
     TuneClock,
     Watchdog,
@@ -91,9 +92,10 @@ def test_the_phases_share_one_budget() -> None:
     clock.split(audit_s=30.0, speculation=True)  # an audit that long gets its cap only
     assert clock.speculation_end == pytest.approx(140.0 - AUDIT_SHARE * 40)
     shared = clock.speculation_end - 104.0
-    assert clock.candidates_end == pytest.approx(clock.speculation_end - SPECULATION_SHARE * shared)
-    clock.split(audit_s=3.0, speculation=False)
-    assert clock.candidates_end == clock.speculation_end == 137.0
+    assert clock.quality_end == pytest.approx(clock.speculation_end - SPECULATION_SHARE * shared)
+    assert clock.candidates_end == pytest.approx(clock.quality_end - QUALITY_SHARE * shared)
+    clock.split(audit_s=3.0, speculation=False, quality=False)
+    assert clock.candidates_end == clock.quality_end == clock.speculation_end == 137.0
     assert clock.grace_s == pytest.approx(4.0)
 
 

@@ -26,7 +26,9 @@ from hearthside.core.models.gguf_validator import (
     validate_gguf,
 )
 
-MALFORMED_LIMIT_S = 0.1
+# A malformed file is refused in milliseconds; a loop or a giant read would take far longer,
+# and the 2-core CI machine stalls for half a second at times.
+MALFORMED_LIMIT_S = 1.0
 
 # GGUF value type ids (GGUFValueType) and ggml tensor type ids (GGMLQuantizationType).
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY = range(10)

@@ -1,0 +1,128 @@
+"""What each goal trades, as a rule over measured runs: speed, and quality as mean KL divergence
+from the reference (`autotune/quality.py`).
+
+- "fastest": the fastest run whose mean KLD stays within `KLD_BUDGET`;
+- "balanced": the lowest KLD among the runs within the budget that reach `BALANCED_FLOOR` of
+  that speed (and a slow first token counts against a run, `speed`);
+- "quality": the lowest KLD among the runs within the budget that reach `QUALITY_FLOOR` of it;
+- "longest-context": as "balanced" (the tuner has already planned the longest context).
+When no run is within the budget, the goal chooses among those closest to the reference.
+
+A run's quality is measured when the autotune DB has it for its weights and KV-cache type; until
+then it is the prior for its KV type (`KV_KLD_PRIORS`), marked as such. What the budget cost —
+the fastest run over the chosen one — is in `Choice.budget_cost`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hearthside.autotune.wisdom import QualityRecord, RunRecord
+
+if TYPE_CHECKING:  # the planner applies the priors: it imports this module
+    from hearthside.autotune.planner import Goal
+
+# About what Q4_K_M costs a 7-8B model: llama.cpp's KLD tables put Q4_K_M at 0.01 (Mistral 7B,
+# llama.cpp#4739) to ~0.03 (Llama 3 8B, whose perplexity it raises 2.8%, llama.cpp#6936).
+# Above 0.05 nats per token the most likely next token differs noticeably more often.
+KLD_BUDGET = 0.05
+BALANCED_FLOOR = 0.95
+QUALITY_FLOOR = 0.80
+# The priors for a KV cache not measured yet, from `hearthside quality --ctx 512` on the shipped
+# models: q8_0 KV 0.025 (Gemma 3 270M Q4_K_M) and 0.006 (SmolLM2 135M Q4_1), q4_0 KV 0.30 and
+# 0.087 (perplexity +26% and +6%). q8_0 stays within the budget, q4_0 does not.
+KV_KLD_PRIORS: Mapping[str, float] = {"f16": 0.0, "bf16": 0.0, "q8_0": 0.02, "q4_0": 0.2}
+UNKNOWN_KV_PRIOR = 0.1  # a KV type without a prior counts as over budget until measured
+
+
+@dataclass(frozen=True)
+class RunQuality:
+    """A run's quality against the reference: measured, the reference itself, or a prior."""
+
+    mean_kld: float
+    source: str  # "measured", "reference" or "prior"
+    top1_agreement: float | None = None
+    perplexity: float | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.source != "prior"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "mean_kld": self.mean_kld,
+            "source": self.source,
+            "top1_agreement": self.top1_agreement,
+            "perplexity": self.perplexity,
+        }
+
+
+def measured_quality(record: QualityRecord) -> RunQuality:
+    return RunQuality(record.mean_kld, "measured", record.top1_agreement, record.perplexity)
+
+
+def reference_quality(perplexity: float | None = None) -> RunQuality:
+    return RunQuality(0.0, "reference", 1.0, perplexity)
+
+
+def prior_quality(kv_type: str) -> RunQuality:
+    return RunQuality(KV_KLD_PRIORS.get(kv_type, UNKNOWN_KV_PRIOR), "prior")
+
+
+@dataclass(frozen=True)
+class Choice:
+    best: RunRecord | None
+    fastest: RunRecord | None  # the fastest run whatever its quality
+    over_budget: tuple[RunRecord, ...]  # faster than `best` but over the KLD budget
+
+    @property
+    def budget_cost(self) -> float | None:
+        """How much faster the fastest run was than the pick (1.0: the budget cost nothing)."""
+        if not (self.best and self.fastest and self.best.decode_tps and self.fastest.decode_tps):
+            return None
+        return self.fastest.decode_tps / self.best.decode_tps
+
+
+def speed(run: RunRecord, goal: Goal) -> float:
+    """What a goal calls fast: decode, and for the balanced goals a slow first token too."""
+    decode = run.decode_tps or 0.0
+    if goal in ("fastest", "quality"):
+        return decode
+    return decode + (run.prefill_tps or 0.0) / 20
+
+
+def choose(
+    runs: Sequence[RunRecord],
+    quality: Callable[[RunRecord], RunQuality],
+    goal: Goal,
+    budget: float = KLD_BUDGET,
+) -> Choice:
+    """The goal's pick among the measured (`ok`) runs, by the rule in the module docstring."""
+    measured = [run for run in runs if run.outcome == "ok" and run.decode_tps]
+    fastest = max(measured, key=lambda run: speed(run, goal), default=None)
+    within = [run for run in measured if quality(run).mean_kld <= budget] or _closest(
+        measured, quality
+    )
+    top = max((speed(run, goal) for run in within), default=0.0)
+    floor = top * {"fastest": 1.0, "quality": QUALITY_FLOOR}.get(goal, BALANCED_FLOOR)
+    fast_enough = [run for run in within if speed(run, goal) >= floor]
+    best = min(
+        fast_enough, key=lambda run: (quality(run).mean_kld, -speed(run, goal)), default=None
+    )
+    chosen_speed = speed(best, goal) if best is not None else 0.0
+    over = tuple(
+        run
+        for run in measured
+        if quality(run).mean_kld > budget and speed(run, goal) > chosen_speed
+    )
+    return Choice(best, fastest, over)
+
+
+def _closest(
+    runs: Sequence[RunRecord], quality: Callable[[RunRecord], RunQuality]
+) -> list[RunRecord]:
+    """When no run is within the budget: those closest to the reference."""
+    least = min((quality(run).mean_kld for run in runs), default=0.0)
+    return [run for run in runs if quality(run).mean_kld == least]

@@ -1,0 +1,123 @@
+"""Quality within a tuning run: what each KV-cache type the candidates use does to the answers.
+
+The tuner varies the KV-cache type, never the weights, so the reference is the tuned file
+itself with an f16 KV cache (`autotune/quality.py` measures; its figures go into the autotune
+DB and are reused by later runs, the reference's distributions are cached on disk). A quick run
+scores the first `QUICK_EVAL_CHARS` of the evaluation text (two chunks of `QUICK_EVAL_CTX`
+tokens), a thorough one all of it in chunks of the chat context `quality.DEFAULT_EVAL_CTX`.
+A KV type is measured only while its passes fit in the phase's time (estimated from the
+measured prefill speed); one that does not keeps its prior (`goals.KV_KLD_PRIORS`) and a note
+says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hearthside.autotune.fingerprint import model_fingerprint
+from hearthside.autotune.goals import RunQuality, measured_quality, prior_quality, reference_quality
+from hearthside.autotune.quality import (
+    DEFAULT_EVAL_CTX,
+    REFERENCE_KV,
+    Candidate,
+    EvalText,
+    QualityError,
+    default_cache_dir,
+    load_eval_text,
+    measure_quality,
+    reference_cache_path,
+)
+from hearthside.autotune.tune_budget import ENGINE_LOAD_S, PhaseNote
+from hearthside.autotune.wisdom import Rigor, WisdomDB
+from hearthside.core.errors import EngineError
+from hearthside.core.models.gguf_validator import validate_gguf
+
+QUICK_EVAL_CTX = 512
+QUICK_EVAL_CHARS = 4000  # the prose: about 1,100 tokens, two chunks of 512
+CHARS_PER_TOKEN = 3.5  # the evaluation text's, for a time estimate before it is tokenized
+SCORING_SLOWDOWN = 1.5  # a pass also soft-maxes every scored row: slower than a bare prefill
+QualityListener = Callable[[str, RunQuality], None]  # (KV type, its quality)
+
+
+@dataclass(frozen=True)
+class KvQuality:
+    reference: str  # the reference's name in words, e.g. "gemma-3-270m.Q4_K_M.gguf, f16 KV"
+    by_kv: dict[str, RunQuality]
+    notes: tuple[PhaseNote, ...] = ()
+
+    def of(self, kv_type: str) -> RunQuality:
+        return self.by_kv.get(kv_type) or prior_quality(kv_type)
+
+
+def eval_context(rigor: Rigor) -> int:
+    return DEFAULT_EVAL_CTX if rigor == "thorough" else QUICK_EVAL_CTX
+
+
+def eval_text(rigor: Rigor) -> EvalText:
+    text = load_eval_text()
+    return text if rigor == "thorough" else text.head(QUICK_EVAL_CHARS)
+
+
+def kv_quality(
+    model_path: Path,
+    kv_types: Iterable[str],
+    db: WisdomDB,
+    *,
+    rigor: Rigor,
+    seconds_left: Callable[[], float],
+    prefill_tps: float | None,
+    listener: QualityListener | None = None,
+    text: EvalText | None = None,
+    n_ctx: int | None = None,
+    cache_dir: Path | None = None,
+) -> KvQuality:
+    """The quality of each of `kv_types` on `model_path` against its f16-KV self: from the DB,
+    or measured while `seconds_left()` holds its passes, or else its prior."""
+    text = text or eval_text(rigor)
+    n_ctx = n_ctx or eval_context(rigor)
+    label = validate_gguf(model_path).quant_name or model_path.name
+    reference = Candidate(model_path, label, REFERENCE_KV)
+    fingerprint = model_fingerprint(model_path)
+    cache = reference_cache_path(cache_dir or default_cache_dir(), fingerprint, text, n_ctx)
+    pass_s = _pass_s(text, prefill_tps)
+    by_kv = {REFERENCE_KV: reference_quality()}
+    notes = []
+    for kv_type in sorted(set(kv_types) - {REFERENCE_KV}):
+        stored = db.quality(fingerprint, fingerprint, kv_type, text.sha256, n_ctx)
+        needed_s = 0.0 if stored else pass_s * (1 if cache.exists() else 2)
+        if needed_s > seconds_left():
+            notes.append(_not_measured(kv_type, needed_s, seconds_left()))
+            continue
+        try:
+            report = measure_quality(
+                reference,
+                [Candidate(model_path, label, kv_type)],
+                db,
+                text=text,
+                n_ctx=n_ctx,
+                cache_dir=cache.parent,
+            )
+        except (EngineError, QualityError) as exc:
+            notes.append(PhaseNote("quality", f"{kv_type} KV not measured: {exc.message}"))
+            continue
+        by_kv[kv_type] = measured_quality(report.results[0].record)
+        if listener is not None:
+            listener(kv_type, by_kv[kv_type])
+    return KvQuality(f"{model_path.name} with an f16 KV cache", by_kv, tuple(notes))
+
+
+def _pass_s(text: EvalText, prefill_tps: float | None) -> float:
+    """About how long one pass over the text takes: a load and a slowed-down prefill."""
+    tokens = len(text.text) / CHARS_PER_TOKEN
+    return ENGINE_LOAD_S + tokens / max(prefill_tps or 0.0, 1.0) * SCORING_SLOWDOWN
+
+
+def _not_measured(kv_type: str, needed_s: float, left_s: float) -> PhaseNote:
+    prior = prior_quality(kv_type).mean_kld
+    return PhaseNote(
+        "quality",
+        f"{kv_type} KV not measured: it needs about {needed_s:.0f} s, {max(left_s, 0):.0f} s "
+        f"were left; its prior KLD {prior:.3f} stands in until a longer run measures it",
+    )
