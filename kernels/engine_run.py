@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -458,8 +459,9 @@ def _load_members(
                 if step is not None:
                     step(f"writing engine probe {probe.name}", LOADING_SHARE * done / len(probes))
                 path = folder / f"probe-{probe.name.lower()}.gguf"
-                write_uniform_gguf(path, probe.shape, probe.type_name)
-                _flush_to_disk(path)
+                if (why := _write_probe(path, probe)) is not None:
+                    failed += _tagged(not_measured(why), probe, {})
+                    continue
                 loads.append((probe, pool.submit(_load, path)))
     except BaseException:  # a probe that cannot be written: close what loaded
         _close_loaded(loads)
@@ -475,6 +477,22 @@ def _load_members(
         extra = {} if probed is None else {"probe": probed.name}
         members.append(_Member(loaded, {**_params(loaded, CPU_BACKEND), **extra}))
     return members, failed
+
+
+def _write_probe(path: Path, probe: SpeedProbe) -> str | None:
+    """Write a probe's model; None, or why it could not be (a full disk, most often), with
+    the partial file removed."""
+    try:
+        write_uniform_gguf(path, probe.shape, probe.type_name)
+        _flush_to_disk(path)
+    except OSError as error:
+        path.unlink(missing_ok=True)
+        free_mib = shutil.disk_usage(path.parent).free // (1024 * 1024)
+        return (
+            f"its probe model could not be written in {path.parent} ({error}; {free_mib} MiB "
+            "free): free some disk space and calibrate again"
+        )
+    return None
 
 
 def _close_loaded(loads: Sequence[tuple[object, Future[WorkerEngine | str]]]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+import signal
 from pathlib import Path
 
 import pytest
@@ -221,3 +223,21 @@ def test_the_thread_counts_timed_are_the_tuners_and_llama_cpp_pythons_default() 
     assert scanned_thread_counts(8, 16) == (16, 8, 4)  # the default, 16 // 2, is among them
     assert scanned_thread_counts(6, 6) == (6, 3)
     assert scanned_thread_counts(4, 6) == (6, 4, 3, 2)  # a hybrid: 6 // 2 is not a candidate
+
+
+def test_a_probe_that_cannot_be_written_is_reported_with_what_to_do() -> None:
+    """A full disk (here: a file-size limit, which fails the write the same way) costs that
+    probe's figures, not the calibration."""
+    tiny = SpeedProbe("Q8_0", "Q8_0", SyntheticShape("llama", 2, 256, 4, 1, 512, n_vocab=512))
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write fails instead of a kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, limits[1]))
+    try:
+        measurements = measure_cpu(None, [tiny], quick=True, budget=Budget(2.0, 1))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    probe = [m for m in measurements if m.params.get("probe") == "Q8_0"]
+    assert [m.kind for m in probe] == ["engine_prefill", "engine_decode"]
+    assert not any(m.ok for m in probe)
+    assert "could not be written" in probe[0].note and "free some disk space" in probe[0].note
