@@ -12,14 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import get_args
 
 from hearthside.app.progress import ProgressLine
+from hearthside.autotune.optimize import MeasureRequest, MeasureUpdate, measure
 from hearthside.autotune.planner import Goal
 from hearthside.autotune.speculative import SpeculationDecision, describe
-from hearthside.autotune.tuner import TuneEvent, TuneResult, tune
+from hearthside.autotune.tuner import TuneEvent, TuneResult
 from hearthside.autotune.wisdom import RunRecord
 from hearthside.core.models.store import ModelStore, resolve_model_path
 from hearthside.core.paths import data_dir, models_dir
@@ -57,20 +59,29 @@ def _run_tune(args: argparse.Namespace) -> int:
     with ModelStore(data_dir()) as store:
         model_path = resolve_model_path(store, args.model)
     profile = probe_hardware(ProbeContext(models_dir=models_dir(data_dir())))
+    request = MeasureRequest(
+        model_path,
+        profile,
+        args.goal,
+        args.budget_s,
+        calibrate=False,
+        rigor="thorough" if args.thorough else "quick",
+        save_default=True,
+    )
     with ProgressLine("Tuning") as line:
-        result = tune(
-            model_path,
-            profile,
-            goal=args.goal,
-            budget_s=args.budget_s,
-            rigor="thorough" if args.thorough else "quick",
-            listener=lambda event: line.show(_event_text(event)),
-        )
+        result = measure(request, threading.Event(), lambda update: _show(line, update))
+    if result is None:  # only a request without a model or a cancelled one ends so
+        return 1
     if args.json:
         sys.stdout.write(json.dumps(result_as_dict(result), indent=1) + "\n")
     else:
         print(describe_result(result))
     return 0 if result.best is not None else 1
+
+
+def _show(line: ProgressLine, update: MeasureUpdate) -> None:
+    if update.event is not None:
+        line.show(_event_text(update.event))
 
 
 def _event_text(event: TuneEvent) -> str:

@@ -459,11 +459,11 @@ def _load_members(
                 if step is not None:
                     step(f"writing engine probe {probe.name}", LOADING_SHARE * done / len(probes))
                 path = folder / f"probe-{probe.name.lower()}.gguf"
-                if (why := _write_probe(path, probe)) is not None:
-                    failed += _tagged(not_measured(why), probe, {})
+                if (unwritten := _write_probe(path, probe)) is not None:
+                    failed += _tagged(not_measured(unwritten), probe, {})
                     continue
                 loads.append((probe, pool.submit(_load, path)))
-    except BaseException:  # a probe that cannot be written: close what loaded
+    except BaseException:  # an interrupt, say: close what loaded
         _close_loaded(loads)
         raise
     members: list[_Member] = []

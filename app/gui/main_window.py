@@ -82,7 +82,8 @@ from hearthside.core.logs import log_file
 from hearthside.core.paths import data_dir
 
 if TYPE_CHECKING:
-    from hearthside.app.gui.wizard import AppliedTuning, OptimizeWizard
+    from hearthside.app.gui.wizard import OptimizeWizard
+    from hearthside.autotune.optimize import AppliedTuning
     from hearthside.core.engine.config import EngineConfig
     from hearthside.core.engine.metrics import GenerationMetrics, SpeculationStats
     from hearthside.core.engine.remote import RemoteConfig

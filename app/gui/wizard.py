@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import html
-import json
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from PySide6.QtCore import (
     QModelIndex,
@@ -77,44 +74,59 @@ from PySide6.QtWidgets import (
 from hearthside.app.gui.labels import make_label as _label
 from hearthside.app.gui.tune_chart import TuneChart, candidate_label
 from hearthside.app.gui.workers import MainThreadRelay, run_in_background
-from hearthside.autotune.calibration import calibration_for, describe_figures, store_calibration
-from hearthside.autotune.fingerprint import TuningKey, tuning_key
-from hearthside.autotune.planner import GOALS, Goal, Plan, Reason, plan
-from hearthside.autotune.tuner import (
-    TUNING_CONTEXT,
-    TuneEvent,
-    TuneResult,
-    llama_cpp_defaults,
-    save_tuned_defaults,
-    tune,
+from hearthside.autotune.calibration import describe_figures
+from hearthside.autotune.goals import KLD_BUDGET, QUALITY_FLOOR
+from hearthside.autotune.optimize import (
+    CALIBRATION_BUDGET_S,
+    AppliedTuning,
+    MeasureRequest,
+    MeasureUpdate,
+    ModelChoice,
+    SettingRow,
+    Survey,
+    TuneRecording,
+    apply_tuning,
+    audit_text,
+    measure,
+    measured_reasons,
+    model_choices,
+    plan_for_catalog,
+    quality_row,
+    quality_text,
+    recorded_run,
+    settings_rows,
+    survey,
+    verdict,
 )
-from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
+from hearthside.autotune.planner import GOALS, Goal, Plan, Reason
+from hearthside.autotune.tuner import TUNING_CONTEXT, TuneResult, llama_cpp_defaults
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.service import EngineService, Job
 from hearthside.core.errors import (
     EngineError,
     HearthsideError,
     JobCancelledError,
-    ModelFileError,
     describe_error,
 )
-from hearthside.core.models.catalog import catalog_entry, catalog_ids, catalog_spec
-from hearthside.core.models.store import ModelRecord, ModelStore, human_size
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
-from hearthside.core.serialize import from_jsonable, to_jsonable
-from hearthside.kernels import calibrate as calibration_kernels
-from hearthside.kernels.calibrate import run_calibration
-from hearthside.kernels.results import save_calibration
 
 ProfileSource = HardwareProfile | Callable[[], HardwareProfile] | None
 PAGE_FOUND, PAGE_GOAL, PAGE_MEASURE, PAGE_RESULT = range(4)
 GIB = 1024**3
 DEFAULT_GOAL: Goal = "balanced"
 GOAL_TEXT: dict[str, tuple[str, str]] = {
-    "fastest": ("&Fastest replies", "The most tokens per second, even with a shorter context."),
-    "quality": ("Best &quality", "Keeps the KV cache at full precision; a little slower."),
+    "fastest": (
+        "&Fastest replies",
+        "The most tokens per second whose answers stay close to full precision "
+        f"(mean KLD ≤ {KLD_BUDGET}).",
+    ),
+    "quality": (
+        "Best &quality",
+        f"The answers closest to full precision, at {QUALITY_FLOOR:.0%} of the fastest speed "
+        "or more.",
+    ),
     "longest-context": (
         "&Longest context",
         "As much conversation as memory holds; speed comes second.",
@@ -125,14 +137,8 @@ GOAL_TEXT: dict[str, tuple[str, str]] = {
     ),
 }
 BUDGET_MIN_S, BUDGET_MAX_S, BUDGET_STEP_S, DEFAULT_BUDGET_S = 30, 600, 15, 60
-CALIBRATION_BUDGET_S = calibration_kernels.DEFAULT_BUDGET_S  # a whole one: the probes too
-MAX_SUGGESTIONS = 6
-# Decode speed-ups inside this band are measurement noise, not a difference.
-SAME_SPEED_BAND = (0.95, 1.05)
 TICK_MS = 250
 INDENT_PX = 24
-RECORDING_SCHEMA = 1
-RECORDING = "tune_events.json"
 STYLE = """
 QFrame#card { background: palette(base); border: 1px solid palette(midlight);
               border-radius: 8px; }
@@ -144,80 +150,7 @@ QLabel#goalNote { color: palette(placeholder-text); }
 """
 
 
-# ---- data ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Survey:
-    """Page 1's facts: the machine and its calibration figures ({} when never calibrated)."""
-
-    profile: HardwareProfile
-    calibration: dict[str, float]
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    ref: str  # the registered id, or the catalog id
-    name: str
-    detail: str
-    path: Path | None  # None: a catalog model, nothing to measure
-    available: bool = True  # False: registered, but its file is gone
-    is_default: bool = False
-
-    @property
-    def installed(self) -> bool:
-        return self.path is not None
-
-
-@dataclass(frozen=True)
-class MeasureRequest:
-    model_path: Path | None  # None: calibrate only (a catalog model gets a plan afterwards)
-    profile: HardwareProfile
-    goal: Goal
-    budget_s: float
-    calibrate: bool
-
-
-@dataclass(frozen=True)
-class MeasureUpdate:
-    """What the measuring job reports, from the engine thread."""
-
-    kind: Literal["started", "calibrating", "calibrated", "candidate"]
-    text: str = ""
-    fraction: float | None = None
-    event: TuneEvent | None = None
-    memory_bytes: int | None = None  # what llama.cpp allocated for this candidate
-    outcome: str | None = None  # "oom" / "failed" / "crashed" for a failed candidate
-
-
-@dataclass(frozen=True)
-class AppliedTuning:
-    """What Apply saved: `config` measured best for `model_id`, now its default here (the
-    window reloads `model_id`, which picks the saved settings up)."""
-
-    model_id: str
-    model_name: str
-    config: EngineConfig
-    speedup: float | None
-
-
-@dataclass(frozen=True)
-class SettingRow:
-    name: str
-    default: str
-    chosen: str
-
-    @property
-    def changed(self) -> bool:
-        return self.default != self.chosen
-
-
-# ---- facts, pure or blocking (worker threads) -------------------------------------------------
-
-
-def survey(profile: HardwareProfile) -> Survey:
-    with WisdomDB() as db:
-        return Survey(profile, calibration_for(profile, db))
+# ---- facts the first page shows -------------------------------------------------------------
 
 
 def summary_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
@@ -238,139 +171,6 @@ def summary_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     return rows
 
 
-def model_choices(profile: HardwareProfile, calibration: Mapping[str, float]) -> list[ModelChoice]:
-    """The registered models, then catalog models the planner says fit, fastest first."""
-    with ModelStore(data_dir()) as store:
-        records = store.list()
-    choices = [_registered_choice(record) for record in records]
-    return choices + catalog_suggestions(profile, dict(calibration))
-
-
-def _registered_choice(record: ModelRecord) -> ModelChoice:
-    parts = [human_size(record.size_bytes), record.quant, record.architecture]
-    detail = " · ".join(part for part in parts if part)
-    if record.is_default:
-        detail += " · default"
-    if not record.path.is_file():
-        missing = "file missing: add it again on the Models page"
-        return ModelChoice(record.id, record.name, missing, record.path, available=False)
-    return ModelChoice(record.id, record.name, detail, record.path, is_default=record.is_default)
-
-
-def catalog_suggestions(
-    profile: HardwareProfile, calibration: dict[str, float]
-) -> list[ModelChoice]:
-    fitting = []
-    for model_id in catalog_ids():
-        planned = plan(catalog_spec(model_id), profile, calibration=calibration)
-        if planned.fits:
-            fitting.append((planned.speed.decode_tps, model_id))
-    fitting.sort(reverse=True)
-    return [_catalog_choice(model_id, speed) for speed, model_id in fitting[:MAX_SUGGESTIONS]]
-
-
-def _catalog_choice(model_id: str, decode_tps: float) -> ModelChoice:
-    entry = catalog_entry(model_id)
-    detail = f"not installed · {entry.quant or 'GGUF'} · about {decode_tps:.0f} tok/s here"
-    return ModelChoice(model_id, entry.name, detail, None)
-
-
-def plan_for_catalog(choice: ModelChoice, survey_: Survey, goal: Goal) -> Plan:
-    return plan(
-        catalog_spec(choice.ref), survey_.profile, goal=goal, calibration=survey_.calibration
-    )
-
-
-def settings_rows(chosen: Mapping[str, Any], default: Mapping[str, Any]) -> list[SettingRow]:
-    """The settings a person can judge, chosen vs llama.cpp's defaults."""
-    fields = (
-        ("Context", lambda c: f"{c.get('n_ctx')} tokens"),
-        ("Decode threads", lambda c: _threads(c.get("n_threads"), "physical cores")),
-        ("Prompt threads", lambda c: _threads(c.get("n_threads_batch"), "every core")),
-        ("Batch / micro-batch", lambda c: f"{c.get('n_batch')} / {c.get('n_ubatch')}"),
-        ("Flash attention", lambda c: "on" if c.get("flash_attn") else "off"),
-        ("KV cache", lambda c: f"{c.get('type_k')} / {c.get('type_v')}"),
-        ("Layers on the GPU", lambda c: _gpu_layers(c.get("n_gpu_layers"))),
-    )
-    return [SettingRow(name, show(default), show(chosen)) for name, show in fields]
-
-
-def audit_text(result: TuneResult) -> str:
-    """The context check's verdict, or why there is none."""
-    if result.audit is not None:
-        return result.audit.message
-    note = next((n.reason for n in result.notes if n.phase == "audit"), None)
-    return f"{note}." if note else "not run (no winner, or measuring was stopped)."
-
-
-def verdict(result: TuneResult) -> tuple[str, str]:
-    """The result page's headline and the line under it."""
-    best, baseline = result.best, result.baseline
-    if best is None:
-        return (
-            "Nothing better was measured",
-            "The time ran out (or you stopped) before any tuned setting was measured. "
-            "Go back and give it more time.",
-        )
-    if baseline is not None and config_key(best.config) == config_key(baseline.config):
-        return (
-            "llama.cpp's defaults are already the best here",
-            "Hearthside keeps them; Apply stores them as this model's default.",
-        )
-    speedup = result.speedup
-    measured = f"{best.decode_tps or 0:.1f} tok/s"
-    if speedup is None or baseline is None:
-        return f"Chosen: {measured}", "The defaults were not measured in this run."
-    compared = (
-        f"{measured} vs {baseline.decode_tps or 0:.1f} tok/s with llama.cpp's defaults "
-        f"(measured now){_python_defaults_text(result)}"
-    )
-    if speedup >= SAME_SPEED_BAND[1]:
-        headline = f"{speedup:.2f}× faster than llama.cpp's defaults"
-        return headline, f"Decode: {compared}.{_quality_budget_text(result)}"
-    if speedup > SAME_SPEED_BAND[0]:
-        return (
-            "About as fast as llama.cpp's defaults",
-            f"Decode: {compared}; chosen for its {_context_gain(best, baseline)}."
-            + _quality_budget_text(result),
-        )
-    return (
-        "llama.cpp's defaults measured faster here",
-        f"Decode: {compared}. A busy computer skews measurements: close other work and "
-        "measure again, or Apply only if you need the chosen settings' "
-        f"{_context_gain(best, baseline)}.",
-    )
-
-
-def _python_defaults_text(result: TuneResult) -> str:
-    ratio = result.speedup_over_python_defaults
-    return f"; {ratio:.2f}× llama-cpp-python's Llama() defaults" if ratio is not None else ""
-
-
-def _quality_budget_text(result: TuneResult) -> str:
-    """What keeping the answers close to the reference cost, when it cost anything."""
-    cost, fastest = result.budget_cost, result.fastest
-    if cost is None or fastest is None or cost < SAME_SPEED_BAND[1]:
-        return ""
-    quality = result.quality_of(fastest)
-    return (
-        f" The fastest setting ({fastest.config.get('type_k')} KV, {cost:.2f}× the chosen "
-        f"speed) was not chosen: its mean KLD {quality.mean_kld:.3f} is over the quality "
-        f"budget of {result.kld_budget} — its answers noticeably differ."
-    )
-
-
-def quality_text(result: TuneResult, run: RunRecord) -> str:
-    """A run's quality in a few words: the reference itself, measured, or a prior."""
-    quality = result.quality_of(run)
-    if quality.source == "reference":
-        return "the reference (f16 KV)"
-    if quality.source == "prior":
-        return f"KLD ~{quality.mean_kld:.3f} (not measured yet)"
-    agreement = quality.top1_agreement or 0.0
-    return f"KLD {quality.mean_kld:.4f}, same top token {agreement:.0%}"
-
-
 def mark_quality(chart: TuneChart, result: TuneResult) -> None:
     """Each measured candidate's quality under its bar, in red when over the budget."""
     for run in result.runs:
@@ -378,134 +178,6 @@ def mark_quality(chart: TuneChart, result: TuneResult) -> None:
             over = result.quality_of(run).mean_kld > result.kld_budget
             short = quality_text(result, run).split(",")[0]
             chart.mark_quality(str(run.config.get("type_k")), short, over)
-
-
-def quality_row(result: TuneResult) -> SettingRow | None:
-    """The quality of the chosen run against the defaults' (f16 KV: the reference)."""
-    if result.best is None:
-        return None
-    default = quality_text(result, result.baseline) if result.baseline else "the reference"
-    return SettingRow("Quality (vs f16 KV)", default, quality_text(result, result.best))
-
-
-def _context_gain(best: RunRecord, baseline: RunRecord) -> str:
-    chosen, default = best.config.get("n_ctx") or 0, baseline.config.get("n_ctx") or 0
-    if chosen > default:
-        return f"{chosen // max(default, 1)}× longer context ({chosen} vs {default} tokens)"
-    return "settings for your goal"
-
-
-# The plan's reasons name settings; these are the config fields they speak for.
-REASON_FIELDS = {
-    "n_gpu_layers": "n_gpu_layers",
-    "type_k/type_v": "type_k",
-    "flash_attn": "flash_attn",
-    "n_ctx": "n_ctx",
-}
-MEASURED_FIELDS = ("n_threads", "n_threads_batch", "n_ubatch")
-
-
-def measured_reasons(result: TuneResult) -> list[Reason]:
-    """The plan's reasons, corrected where measuring chose otherwise than the estimate, and
-    what the tuner left out or cut short (its notes)."""
-    left_out = [Reason("Measuring", note.phase, note.reason) for note in result.notes]
-    return _chosen_reasons(result) + left_out
-
-
-def _chosen_reasons(result: TuneResult) -> list[Reason]:
-    if result.best is None:
-        return list(result.plan.reasons)
-    chosen, planned = result.best.config, result.plan.config.to_dict()
-    reasons = []
-    for reason in result.plan.reasons:
-        field = REASON_FIELDS.get(reason.setting)
-        value = _shown_value(chosen.get(field)) if field else reason.value
-        if field is None or value == reason.value:
-            reasons.append(reason)
-        else:
-            why = f"measured faster here than the planner's estimate-based pick ({reason.value})."
-            reasons.append(Reason(reason.setting, value, why.capitalize()))
-    for field in MEASURED_FIELDS:
-        if chosen.get(field) != planned.get(field):
-            why = f"Measured faster here than the planner's {planned.get(field)}."
-            reasons.append(Reason(field, _shown_value(chosen.get(field)), why))
-    return reasons
-
-
-def _shown_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
-
-
-def total_memory_bytes(memory: Mapping[str, Any] | None) -> int | None:
-    """All buffers llama.cpp allocated, from a stored LoadReport."""
-    if not memory or not memory.get("devices"):
-        return None
-    return sum(int(value) for device in memory["devices"].values() for value in device.values())
-
-
-def apply_tuning(result: TuneResult) -> None:
-    """Store the winner (and the speculation it measured) as the model's default here."""
-    with WisdomDB() as db:
-        if not save_tuned_defaults(db, result):
-            raise HearthsideError("There is nothing to apply.", hint="Measure a model first.")
-
-
-# ---- the measuring job (runs on the engine thread) -------------------------------------------
-
-
-def measure(
-    request: MeasureRequest, cancel: threading.Event, post: Callable[[MeasureUpdate], None]
-) -> TuneResult | None:
-    """Calibrate if asked, then tune; every step reported through `post`."""
-    post(MeasureUpdate("started"))
-    if request.model_path is not None and not request.model_path.is_file():
-        raise ModelFileError(
-            f"The model file is missing ({request.model_path.name}).",
-            hint="Add it again on the Models page, or choose another model.",
-        )
-    if request.calibrate:
-        _calibrate(request, post)
-    if request.model_path is None or cancel.is_set():
-        return None
-    key = tuning_key(request.profile, request.model_path)
-    with WisdomDB() as db:
-        return tune(
-            request.model_path,
-            request.profile,
-            goal=request.goal,
-            budget_s=request.budget_s,
-            wisdom=db,
-            listener=lambda event: post(candidate_update(event, db, key)),
-            cancel=cancel,
-            save_default=False,  # only Apply makes it the default
-        )  # the winner's context check included, within the budget (its notes say if not)
-
-
-def _calibrate(request: MeasureRequest, post: Callable[[MeasureUpdate], None]) -> None:
-    report = run_calibration(
-        budget_s=CALIBRATION_BUDGET_S,
-        model_path=request.model_path,
-        profile=request.profile,
-        progress=lambda step, done: post(MeasureUpdate("calibrating", step, done)),
-    )
-    save_calibration(report)
-    with WisdomDB() as db:
-        store_calibration(report, request.profile, db)
-    post(MeasureUpdate("calibrated"))
-
-
-def candidate_update(event: TuneEvent, db: WisdomDB, key: TuningKey) -> MeasureUpdate:
-    """The event with what the tuner stored for it: memory of a run, the kind of a failure."""
-    memory = outcome = None
-    if event.kind in ("measured", "reused"):
-        run = db.lookup(key, event.config)
-        memory = total_memory_bytes(run.memory) if run is not None else None
-    elif event.kind in ("failed", "skipped"):
-        failure = db.known_failure(key, event.config)
-        outcome = failure.outcome if failure is not None else "failed"
-    return MeasureUpdate("candidate", event=event, memory_bytes=memory, outcome=outcome)
 
 
 # ---- runners: where page 3's updates come from ------------------------------------------------
@@ -593,46 +265,6 @@ def _poster(relay: MainThreadRelay) -> Callable[[Any], None]:
     return post
 
 
-@dataclass(frozen=True)
-class TuneRecording:
-    """A real tuning run, kept to replay (screenshots): the machine, the updates, the result."""
-
-    profile: HardwareProfile
-    model_name: str
-    updates: tuple[MeasureUpdate, ...]
-    result: TuneResult
-
-    def to_json(self) -> str:
-        data = {
-            "schema": RECORDING_SCHEMA,
-            "profile": json.loads(self.profile.to_json()),
-            "model_name": self.model_name,
-            "updates": [to_jsonable(update) for update in self.updates],
-            "result": to_jsonable(self.result),
-        }
-        return json.dumps(data, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> TuneRecording:
-        data = json.loads(text)
-        if data.get("schema") != RECORDING_SCHEMA:
-            raise HearthsideError("This tuning recording has an unknown schema.")
-        return cls(
-            profile=HardwareProfile.from_json(json.dumps(data["profile"])),
-            model_name=data["model_name"],
-            updates=tuple(from_jsonable(MeasureUpdate, item) for item in data["updates"]),
-            result=from_jsonable(TuneResult, data["result"]),
-        )
-
-
-def recorded_run() -> TuneRecording:
-    """The recording shipped with the tests (a real short tune of the default model)."""
-    path = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "wizard" / RECORDING
-    if not path.is_file():
-        raise HearthsideError(f"No tuning recording at {path}.", hint="Run from a source tree.")
-    return TuneRecording.from_json(path.read_text(encoding="utf-8"))
-
-
 class RecordedTuneRunner(TuneRunner):
     """Replays a recording as if it ran now (for screenshots), `interval_ms` between updates."""
 
@@ -700,14 +332,6 @@ def _gib(value: int | None) -> str:
 def _memory_text(total: int | None, available: int | None) -> str:
     text = _gib(total)
     return f"{text} ({_gib(available)} free)" if available is not None else text
-
-
-def _threads(value: Any, automatic: str) -> str:
-    return f"auto ({automatic})" if value is None else str(value)
-
-
-def _gpu_layers(value: Any) -> str:
-    return "all" if value == -1 else str(value)
 
 
 def _budget_text(seconds: int) -> str:

@@ -22,8 +22,8 @@ from hearthside.app.gui.app import apply_palette
 from hearthside.app.gui.chat_settings_dialog import ChatSettingsDialog
 from hearthside.app.gui.main_window import MainWindow
 from hearthside.app.gui.markdown import DARK_CODE_THEME, LIGHT_CODE_THEME
-from hearthside.app.gui.wizard import AppliedTuning
 from hearthside.autotune.fingerprint import tuning_key
+from hearthside.autotune.optimize import AppliedTuning
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
 from hearthside.core.engine.engine import GenerationResult

@@ -1,0 +1,106 @@
+"""The Optimize flow without Qt (`autotune/optimize.py`): a request, its events, a result, and
+the words the result page says about it."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hearthside.autotune import tuner
+from hearthside.autotune.goals import prior_quality
+from hearthside.autotune.optimize import (
+    MeasureRequest,
+    MeasureUpdate,
+    measure,
+    measured_reasons,
+    recorded_run,
+    settings_rows,
+    verdict,
+)
+from hearthside.autotune.tuner import TuneResult
+from hearthside.core.errors import ModelFileError
+from hearthside.core.probe.runner import probe_hardware
+from tests.fixtures.synthetic_gguf import write_synthetic_gguf
+
+
+def with_speeds(result: TuneResult, best_tps: float, baseline_tps: float) -> TuneResult:
+    assert result.best is not None and result.baseline is not None
+    return replace(
+        result,
+        best=replace(result.best, decode_tps=best_tps),
+        baseline=replace(result.baseline, decode_tps=baseline_tps),
+    )
+
+
+@pytest.mark.parametrize(
+    ("best_tps", "baseline_tps", "headline"),
+    [
+        (70.0, 35.0, "2.00× faster than llama.cpp's defaults"),
+        (35.5, 35.0, "About as fast as llama.cpp's defaults"),
+        (20.0, 35.0, "llama.cpp's defaults measured faster here"),
+    ],
+)
+def test_the_verdict_says_what_was_measured(
+    best_tps: float, baseline_tps: float, headline: str
+) -> None:
+    result = with_speeds(recorded_run().result, best_tps, baseline_tps)
+    title, detail = verdict(result)
+    assert title == headline
+    assert f"{best_tps:.1f} tok/s vs {baseline_tps:.1f} tok/s" in detail
+    nothing = verdict(replace(result, best=None))
+    assert nothing[0] == "Nothing better was measured"
+
+
+def test_the_verdict_says_when_the_quality_budget_cost_speed() -> None:
+    result = with_speeds(recorded_run().result, 40.0, 35.0)
+    assert result.best is not None
+    q4_0 = {**result.best.config, "type_k": "q4_0", "type_v": "q4_0"}
+    fastest = replace(result.best, config=q4_0, decode_tps=48.0, id=None)
+    result = replace(result, runs=(*result.runs, fastest), fastest=fastest)
+    title, detail = verdict(result)
+    assert title == "1.14× faster than llama.cpp's defaults"
+    assert "q4_0 KV, 1.20× the chosen speed) was not chosen" in detail
+    assert f"mean KLD {prior_quality('q4_0').mean_kld:.3f}" in detail
+
+
+def test_the_reasons_follow_what_was_measured_not_only_the_estimate() -> None:
+    result = recorded_run().result
+    assert result.best is not None
+    planned = result.plan.config
+    flipped = {**result.best.config, "flash_attn": not planned.flash_attn, "n_ubatch": 128}
+    reasons = measured_reasons(replace(result, best=replace(result.best, config=flipped)))
+    flash = next(reason for reason in reasons if reason.setting == "flash_attn")
+    assert flash.value == ("off" if planned.flash_attn else "on")
+    assert "Measured faster here than the planner's" in flash.why
+    assert any(r.setting == "n_ubatch" and r.value == "128" for r in reasons)
+    rows = {row.name: row for row in settings_rows(planned.to_dict(), result.plan.config.to_dict())}
+    assert not any(row.changed for row in rows.values())
+    assert rows["Prompt threads"].chosen in ("auto (every core)", str(planned.n_threads_batch))
+
+
+def test_a_request_reports_each_step_and_returns_the_tuned_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tuner, "candidates", lambda base, _profile: [base])
+    model = write_synthetic_gguf(tmp_path / "tiny.gguf", "tiny-dense", "Q8_0")
+    request = MeasureRequest(model, probe_hardware(), "fastest", 20.0, calibrate=False)
+    updates: list[MeasureUpdate] = []
+    result = measure(request, threading.Event(), updates.append)
+    assert result is not None and result.best is not None and result.baseline is not None
+    assert updates[0].kind == "started"
+    events = [update.event for update in updates if update.kind == "candidate"]
+    measured = [e for e in events if e is not None and e.kind == "measured" and not e.workload]
+    assert measured and all(update.memory_bytes for update in updates if update.event in measured)
+    assert measured[0].baseline == "llama.cpp"  # the comparison comes first
+    assert events[-1] is not None and events[-1].kind == "done"
+
+
+def test_a_missing_model_file_fails_before_anything_runs(tmp_path: Path) -> None:
+    request = MeasureRequest(tmp_path / "gone.gguf", probe_hardware(), "fastest", 20.0, False)
+    updates: list[MeasureUpdate] = []
+    with pytest.raises(ModelFileError, match="missing"):
+        measure(request, threading.Event(), updates.append)
+    assert [update.kind for update in updates] == ["started"]
