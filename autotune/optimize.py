@@ -197,7 +197,8 @@ def verdict(result: TuneResult) -> tuple[str, str]:
     if baseline is not None and config_key(best.config) == config_key(baseline.config):
         return (
             "llama.cpp's defaults are already the best here",
-            "Hearthside keeps them; Apply stores them as this model's default.",
+            "Hearthside keeps them; Apply stores them as this model's default."
+            + _quality_budget_text(result),
         )
     speedup = result.speedup
     measured = f"{best.decode_tps or 0:.1f} tok/s"
@@ -354,6 +355,7 @@ def measure(
             listener=lambda event: post(candidate_update(event, db, key)),
             cancel=cancel,
             save_default=request.save_default,
+            key=key,
         )  # the winner's context check included, within the budget (its notes say if not)
 
 

@@ -72,14 +72,16 @@ def kv_quality(
     text: EvalText | None = None,
     n_ctx: int | None = None,
     cache_dir: Path | None = None,
+    fingerprint: str | None = None,
 ) -> KvQuality:
     """The quality of each of `kv_types` on `model_path` against its f16-KV self: from the DB,
-    or measured while `seconds_left()` holds its passes, or else its prior."""
+    or measured while `seconds_left()` holds its passes, or else its prior (`fingerprint`:
+    the file's, when the caller has it)."""
     text = text or eval_text(rigor)
     n_ctx = n_ctx or eval_context(rigor)
     label = validate_gguf(model_path).quant_name or model_path.name
     reference = Candidate(model_path, label, REFERENCE_KV)
-    fingerprint = model_fingerprint(model_path)
+    fingerprint = fingerprint or model_fingerprint(model_path)
     cache = reference_cache_path(cache_dir or default_cache_dir(), fingerprint, text, n_ctx)
     pass_s = _pass_s(text, prefill_tps)
     by_kv = {REFERENCE_KV: reference_quality()}

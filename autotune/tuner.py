@@ -7,13 +7,17 @@ Each candidate loads in an engine worker process of its own (`WorkerEngine`), so
 that crashes llama.cpp (a signal, a GGML_ASSERT) ends only that process: it is recorded as
 `crashed` and the next candidate is measured. Every result — out-of-memory, failures and
 crashes included — goes into the autotune DB with its rigor; a configuration that already
-failed is never tried again (one that timed out is: see below), and one already measured at
-least as rigorously is answered from the DB. The whole run keeps one time budget
+failed is never tried again (one that timed out is: see below; one out of memory is, once
+much more memory is free), and one already measured at least as rigorously is answered from
+the DB. The comparisons are measured the same way: llama.cpp's own defaults first (the
+headline's), llama-cpp-python's last. The whole run keeps one time budget
 (`autotune/tune_budget.py`): weight types the calibration lacks first (`tune_types.py`),
-candidates, speculation, the winner's context audit, each with a deadline; a measurement past
-its deadline is stopped and recorded as `timeout`, and what was cut is in `TuneResult.notes`.
-Measured over predicted speed updates the machine's efficiency factors, and the winner
-becomes the model's default on this machine.
+candidates, the quality of their KV-cache types (`tune_quality.py`), speculation, the
+winner's context audit, each with a deadline; a measurement past its deadline is stopped and
+recorded as `timeout`, and what was cut is in `TuneResult.notes`. The goal picks the winner
+by speed and quality (`goals.py`: "fastest" is the fastest within a KLD budget). Measured over
+predicted speed updates the machine's efficiency factors, and the winner becomes the model's
+default on this machine.
 Progress goes to a listener (the CLI's progress line, the GUI wizard's chart).
 """
 
@@ -29,6 +33,8 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
+
+import psutil
 
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.capacity import CapacityAudit, audit_context_within
@@ -65,7 +71,7 @@ from hearthside.core.engine.config import EngineConfig, SamplingParams, Speculat
 from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.speculative import SpeculationStats, merge_stats
 from hearthside.core.engine.worker_engine import WorkerEngine
-from hearthside.core.errors import EngineCrashedError, EngineError, EngineLoadError
+from hearthside.core.errors import EngineCrashedError, EngineError, EngineOutOfMemoryError
 from hearthside.core.models.spec import ModelSpec, spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.kernels.engine_run import candidate_thread_counts
@@ -86,6 +92,7 @@ class BenchSize:
 QUICK = BenchSize(n_prompt=128, n_gen=32, repetitions=3, warmup_s=0.3)
 THOROUGH = BenchSize(n_prompt=512, n_gen=128, repetitions=5, warmup_s=1.0)
 TUNING_CONTEXT = 2048
+OOM_RETRY_FREE_RATIO = 1.5  # an out-of-memory load is tried again with this much more free
 
 
 @dataclass(frozen=True)
@@ -218,18 +225,21 @@ def tune(
     speculation: bool = True,
     drafts: Sequence[Path] = (),
     workloads: Sequence[Workload] | None = None,
+    key: TuningKey | None = None,
 ) -> TuneResult:
     """Measure within `budget_s` in all; store runs, efficiency and the winner.
 
     The budget covers the whole run (`autotune/tune_budget.py`): the model's weight types
     the calibration lacks are measured first (so the predictions are "measured"), then the
-    candidates, then, with `speculation`, speculative decoding on the winner per workload
+    candidates, then the quality of the KV-cache types they used (`tune_quality.py`; the goal
+    chooses by speed and quality, `goals.py`), then, with `speculation`, speculative decoding
+    on the winner per workload
     (prompt lookup, and each of `drafts`: smaller models with the same vocabulary; the chat
     workload's choice goes into the saved default, every workload's into its own default,
     `speculative_key`), then the winner's context audit. What did not fit is in `notes`.
     `workloads` defaults to the shipped ones (`assets/speculative_prompts.json`). With
     `save_default=False` nothing is saved as a default (the wizard saves on Apply); runs are
-    always recorded.
+    always recorded. `key` is the model's tuning key when the caller has computed it.
     """
     notify = listener or (lambda _event: None)
     stop = cancel or threading.Event()
@@ -237,7 +247,7 @@ def tune(
     db = wisdom or WisdomDB()
     try:
         clock = TuneClock(budget_s)
-        key = tuning_key(profile, model_path)
+        key = key or tuning_key(profile, model_path)
         db.note_machine(key.machine, machine_identity(profile))
         sync_recipes(db)
         spec = spec_from_gguf(model_path)
@@ -268,10 +278,9 @@ def tune(
         tuned = [r for r in runs.runs if r is not python_defaults and r.outcome == "ok"]
         quality = None
         if tuned and not stop.is_set():
-            quality = _kv_quality(db, model_path, tuned, rigor, clock, notify)
+            quality = _kv_quality(db, model_path, key.model, tuned, rigor, clock, notify)
             notes += quality.notes
-        quality_of = partial(_run_quality, quality)
-        choice = choose(tuned, quality_of, goal)
+        choice = choose(tuned, partial(_run_quality, quality), goal)
         best = choice.best
         decisions: tuple[SpeculationDecision, ...] = ()
         if best is not None:
@@ -344,6 +353,7 @@ def _with_roles(notify: Listener, roles: Sequence[Baseline]) -> Listener:
 def _kv_quality(
     db: WisdomDB,
     model_path: Path,
+    fingerprint: str,
     tuned: Sequence[RunRecord],
     rigor: Rigor,
     clock: TuneClock,
@@ -363,6 +373,7 @@ def _kv_quality(
         seconds_left=lambda: clock.left_s(clock.quality_end),
         prefill_tps=max(run.prefill_tps or 0.0 for run in tuned),
         listener=announce,
+        fingerprint=fingerprint,
     )
 
 
@@ -595,10 +606,15 @@ def _try(
 
 
 def _known_failure(db: WisdomDB, key: TuningKey, settings: dict[str, Any]) -> RunRecord | None:
-    """A failure not to repeat; a timeout is not one: it says the budget was short, not that
-    the settings fail, so a later run (with its own budget) measures them again."""
+    """A failure not to repeat. A timeout is not one: it says the budget was short, not that
+    the settings fail, so a later run (with its own budget) measures them again; nor is an
+    out-of-memory load once much more memory is free than it had."""
     failure = db.known_failure(key, settings)
-    return failure if failure is not None and failure.outcome != "timeout" else None
+    if failure is None or failure.outcome == "timeout":
+        return None
+    had = int((failure.memory or {}).get("available_bytes") or 0)
+    much_more_free = had > 0 and psutil.virtual_memory().available >= OOM_RETRY_FREE_RATIO * had
+    return None if failure.outcome == "oom" and much_more_free else failure
 
 
 def _measure(
@@ -619,8 +635,11 @@ def _measure(
     try:
         engine = WorkerEngine(config)
     except EngineError as exc:
+        kind = _failure_kind(exc)
+        # what was free then: a later run tries it again when much more is (`_known_failure`)
+        free = {"available_bytes": psutil.virtual_memory().available} if kind == "oom" else None
         return RunRecord(
-            key, settings, rigor, _failure_kind(exc), predicted=prediction, error=exc.message
+            key, settings, rigor, kind, memory=free, predicted=prediction, error=exc.message
         )
     try:
         size = THOROUGH if rigor == "thorough" else QUICK
@@ -657,12 +676,9 @@ def _measure(
 
 
 def _failure_kind(exc: EngineError) -> Literal["oom", "failed", "crashed"]:
-    if isinstance(exc, EngineCrashedError) and not exc.cause.startswith("SIGKILL"):
-        return "crashed"  # a SIGKILL at load is the OOM killer: an out-of-memory load
-    text = str(exc).lower()
-    if isinstance(exc, EngineLoadError) and ("alloc" in text or "memory" in text):
+    if isinstance(exc, EngineOutOfMemoryError):  # a SIGKILL at load (the OOM killer) too
         return "oom"
-    return "failed"
+    return "crashed" if isinstance(exc, EngineCrashedError) else "failed"
 
 
 def _learn(db: WisdomDB, key: TuningKey, run: RunRecord, planned: Plan) -> None:

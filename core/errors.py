@@ -46,6 +46,11 @@ class EngineLoadError(EngineError):
     """The engine could not load a model (out of memory, unsupported file, bad settings)."""
 
 
+class EngineOutOfMemoryError(EngineLoadError):
+    """A load failed for want of memory: llama.cpp could not allocate a buffer (weights, KV
+    cache, compute), or the OOM killer ended the worker while it loaded."""
+
+
 class ContextOverflowError(EngineError):
     """The prompt (plus the requested reply) does not fit in the context window. The counts,
     when known, let the API word it as OpenAI does, which clients match."""
@@ -98,8 +103,13 @@ class EngineCrashedError(EngineError):
 
 
 class EngineCrashedAtLoadError(EngineCrashedError, EngineLoadError):
-    """The worker died while loading the model: a load failure (retried smaller when it was
-    the OOM killer) and a crash (the tuner remembers the settings as `crashed`)."""
+    """The worker died while loading the model: a load failure and a crash (the tuner
+    remembers the settings as `crashed`)."""
+
+
+class EngineKilledAtLoadError(EngineCrashedAtLoadError, EngineOutOfMemoryError):
+    """The OOM killer (SIGKILL) ended the worker while it loaded: out of memory, retried
+    smaller, remembered by the tuner as `oom`."""
 
 
 def describe_error(error: BaseException) -> str:

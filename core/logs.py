@@ -61,6 +61,11 @@ class _PrivateRotatingFileHandler(RotatingFileHandler):
         make_private_file(Path(self.baseFilename))
         return super()._open()
 
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is None and not Path(self.baseFilename).parent.is_dir():
+            return  # the data dir was removed (by hand, or a finished test's): nowhere to log
+        super().emit(record)
+
 
 def setup_logging(root: Path | None = None) -> Path:
     """Send all logging to the data dir's log file and return its path.

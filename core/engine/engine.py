@@ -60,6 +60,7 @@ from hearthside.core.errors import (
     ContextOverflowError,
     EngineError,
     EngineLoadError,
+    EngineOutOfMemoryError,
 )
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.vocab import require_compatible_draft
@@ -794,7 +795,8 @@ def _load_llama(config: EngineConfig, *, verbose: bool) -> SpeculativeLlama:
         if not reason and isinstance(exc, MemoryError):
             reason = str(exc)  # llama-cpp-python's numpy logits array: no llama.cpp log line
         slots = f" in each of {config.n_parallel} slots" if config.n_parallel > 1 else ""
-        raise EngineLoadError(
+        out_of_memory = isinstance(exc, MemoryError) or native_log.is_allocation_message(reason)
+        raise (EngineOutOfMemoryError if out_of_memory else EngineLoadError)(
             f"llama.cpp could not load {Path(config.model_path).name} with a context of "
             f"{config.n_ctx} tokens{slots} and {config.n_gpu_layers} GPU layers"
             + (f" ({reason})." if reason else "."),

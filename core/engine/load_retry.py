@@ -15,21 +15,17 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from hearthside.core.engine.config import KV_CACHE_TYPES, EngineConfig
-from hearthside.core.errors import EngineLoadError
+from hearthside.core.errors import EngineLoadError, EngineOutOfMemoryError
 
 MAX_RETRIES = 2
 MIN_RETRY_CONTEXT = 512
 QUANTIZED_KV = tuple(name for name in KV_CACHE_TYPES if name not in ("f32", "f16", "bf16"))
-# What llama.cpp and numpy say when an allocation fails: "failed to allocate buffer for kv
-# cache", "failed to allocate compute pp buffers", "Unable to allocate 512. MiB for an array".
-ALLOCATION_WORDS = ("alloc", "memory")
 
 EngineT = TypeVar("EngineT")
 
 
 def is_allocation_failure(error: Exception) -> bool:
-    text = str(error).lower()
-    return isinstance(error, EngineLoadError) and any(word in text for word in ALLOCATION_WORDS)
+    return isinstance(error, EngineOutOfMemoryError)
 
 
 def smaller_config(config: EngineConfig) -> EngineConfig | None:

@@ -65,6 +65,16 @@ def forget() -> None:
         _recent.clear()
 
 
+# What llama.cpp and numpy say when an allocation fails: "failed to allocate buffer for kv
+# cache", "failed to allocate compute pp buffers", "Unable to allocate 512. MiB for an array".
+ALLOCATION_WORDS = ("alloc", "memory")
+
+
+def is_allocation_message(line: str | None) -> bool:
+    lowered = (line or "").lower()
+    return any(word in lowered for word in ALLOCATION_WORDS)
+
+
 def last_failure_line() -> str | None:
     """The latest line where llama.cpp explains a failure, to show alongside our message."""
     with _lock:

@@ -33,6 +33,7 @@ from hearthside.core.errors import (
     EngineCrashedAtLoadError,
     EngineCrashedError,
     EngineError,
+    EngineKilledAtLoadError,
     EngineLoadError,
 )
 from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
@@ -447,7 +448,10 @@ def _load_crash(config: EngineConfig, crash: EngineCrashedError) -> EngineLoadEr
         )
     else:
         message = f"The engine crashed while loading {name} ({crash.cause})."
-    return EngineCrashedAtLoadError(
+    error_class = (
+        EngineKilledAtLoadError if crash.cause.startswith("SIGKILL") else EngineCrashedAtLoadError
+    )
+    return error_class(
         message,
         hint="Try a smaller context or fewer GPU layers; if it keeps crashing, run "
         "`hearthside engine selftest`.",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hearthside.autotune import tuner
@@ -146,3 +147,19 @@ def test_a_budget_too_small_for_the_weight_types_says_so(
     assert short.phase == "types"
     assert short.reason.startswith("Q4_1 not measured: the budget gives weight types 1 s")
     assert "--measure-types" in short.reason
+
+
+def test_an_out_of_memory_load_is_tried_again_once_much_more_memory_is_free(
+    tmp_path: Path,
+) -> None:
+    key = TuningKey("machine", "engine", "model")
+    config = EngineConfig("m.gguf", n_ctx=65536).to_dict()
+    free = psutil.virtual_memory().available
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        short = {"available_bytes": int(free / (2 * tuner.OOM_RETRY_FREE_RATIO))}
+        wisdom.record_run(RunRecord(key, config, "quick", "oom", memory=short, error="alloc"))
+        assert tuner._known_failure(wisdom, key, config) is None  # far more free now: retried
+        as_now = {"available_bytes": free}
+        wisdom.record_run(RunRecord(key, config, "quick", "oom", memory=as_now, error="alloc"))
+        failure = tuner._known_failure(wisdom, key, config)
+        assert failure is not None and failure.outcome == "oom"  # as little free: not retried

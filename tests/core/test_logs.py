@@ -57,6 +57,25 @@ def test_every_file_the_log_rotates_into_is_private(tmp_path: Path) -> None:
     assert all(private(p) for p in files)
 
 
+def test_a_log_whose_folder_was_removed_stays_quiet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from hearthside.core.logs import _PrivateRotatingFileHandler
+
+    folder = tmp_path / "home" / "logs"
+    folder.mkdir(parents=True)
+    handler = _PrivateRotatingFileHandler(folder / "x.log", maxBytes=1000, delay=True)
+    try:
+        shutil.rmtree(tmp_path / "home")  # the data dir deleted while a thread still logs
+        handler.emit(logging.makeLogRecord({"msg": "after the folder went"}))
+    finally:
+        handler.close()
+    assert "Logging error" not in capsys.readouterr().err
+    assert not folder.exists()  # and it is not made again
+
+
 def test_llama_cpp_lines_reach_the_log_file_but_not_the_terminal(
     default_model_file: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,7 +16,13 @@ from hearthside.core.engine.load_retry import (
     is_allocation_failure,
     smaller_config,
 )
-from hearthside.core.errors import EngineError, EngineLoadError
+from hearthside.core.engine.native_log import is_allocation_message
+from hearthside.core.errors import (
+    EngineError,
+    EngineKilledAtLoadError,
+    EngineLoadError,
+    EngineOutOfMemoryError,
+)
 
 # Loads a model in an EngineService (the way the chat, the API and the window load), with the
 # address space limited to argv[1] bytes (0: no limit); prints each retry, then what loaded
@@ -77,15 +83,17 @@ def test_the_retry_says_what_failed_and_what_comes_next() -> None:
 
 
 def test_only_allocation_failures_are_retried() -> None:
-    kv = EngineLoadError(
-        "llama.cpp could not load m.gguf with a context of 32768 tokens and 0 GPU layers "
-        "(llama_init_from_model: failed to initialize the context: failed to allocate buffer "
-        "for kv cache)."
+    kv_line = (
+        "llama_init_from_model: failed to initialize the context: failed to allocate buffer "
+        "for kv cache"
     )
-    numpy = EngineLoadError("… (Unable to allocate 512. MiB for an array with shape (512, 262144))")
-    damaged = EngineLoadError("llama.cpp could not load m.gguf (gguf_init_from_file: bad magic).")
-    assert is_allocation_failure(kv) and is_allocation_failure(numpy)
-    assert not is_allocation_failure(damaged)
+    numpy_line = "Unable to allocate 512. MiB for an array with shape (512, 262144)"
+    assert is_allocation_message(kv_line) and is_allocation_message(numpy_line)
+    assert not is_allocation_message("gguf_init_from_file: bad magic")
+    assert is_allocation_failure(EngineOutOfMemoryError("llama.cpp could not load m.gguf"))
+    killed = EngineKilledAtLoadError("The engine was killed while loading m.gguf", cause="SIGKILL")
+    assert is_allocation_failure(killed)  # the OOM killer
+    assert not is_allocation_failure(EngineLoadError("… (gguf_init_from_file: bad magic)."))
     assert not is_allocation_failure(EngineError("failed to allocate"))  # not a load
 
 
