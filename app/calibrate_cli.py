@@ -1,6 +1,8 @@
-"""`hearthside calibrate [--json] [--quick] [--budget-s N] [--model M]`: measure what this
-machine really delivers (memory bandwidth, matmul, host↔GPU transfers, disk, the engine),
-store it, and show it beside the spec-sheet values with any anomalies."""
+"""`hearthside calibrate [--json] [--quick] [--budget-s N] [--model M] [--export FILE]`: measure
+what this machine really delivers (memory bandwidth, matmul, host↔GPU transfers, disk, the
+engine) through the Optimize flow's `calibrate` (`autotune/optimize.py`), which stores it in the
+autotune DB; show it beside the spec-sheet values with any anomalies, and write it to FILE only
+when asked."""
 
 from __future__ import annotations
 
@@ -13,17 +15,17 @@ from pathlib import Path
 import psutil
 
 from hearthside.app.progress import ProgressLine
-from hearthside.autotune.calibration import store_calibration
-from hearthside.autotune.wisdom import WisdomDB
+from hearthside.autotune.optimize import CalibrationRequest, MeasureUpdate, calibrate
+from hearthside.autotune.wisdom import default_wisdom_path
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.store import DEFAULT_REF, ModelStore, resolve_model_path
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.base import ProbeContext
 from hearthside.core.probe.runner import probe_hardware
 from hearthside.kernels.anomalies import spec_value
-from hearthside.kernels.calibrate import DEFAULT_BUDGET_S, QUICK_BUDGET_S, run_calibration
+from hearthside.kernels.calibrate import DEFAULT_BUDGET_S, QUICK_BUDGET_S
 from hearthside.kernels.measurement import Measurement
-from hearthside.kernels.results import CalibrationReport, save_calibration
+from hearthside.kernels.results import CalibrationReport, export_calibration
 
 MIB = 1024 * 1024
 MIN_BUDGET_S = 1.0
@@ -50,6 +52,13 @@ def add_calibrate_parser(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_REF,
         help="model for the engine micro-run: an id, a GGUF path, or 'default'",
     )
+    calibrate.add_argument(
+        "--export",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the report to FILE as JSON (it is always kept in the autotune database)",
+    )
     calibrate.set_defaults(handler=_run_calibrate)
 
 
@@ -58,25 +67,52 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         raise HearthsideError(
             "The time budget must be more than 0 seconds.", hint="Pass e.g. --budget-s 30."
         )
+    export = _export_path(args.export) if args.export is not None else None
     model_path = _model_path(args.model)
     profile = probe_hardware(ProbeContext(models_dir=models_dir(data_dir())))
+    request = CalibrationRequest(
+        profile, model_path, _budget_left_s(args.budget_s, args.quick), quick=args.quick
+    )
     with ProgressLine("Calibrating") as line:
-        report = run_calibration(
-            quick=args.quick,
-            budget_s=_budget_left_s(args.budget_s, args.quick),
-            model_path=model_path,
-            profile=profile,
-            progress=lambda name, fraction: line.show(f"{fraction:4.0%} {name}"),
-        )
-    path = save_calibration(report)
-    with WisdomDB() as wisdom:  # where the planner looks, under this machine's fingerprint
-        store_calibration(report, profile, wisdom)
+        report = calibrate(request, lambda update: _show_progress(line, update))
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:
         print(describe(report))
-    print(f"Saved to {path}", file=sys.stderr)
+    print(f"Stored in the autotune database ({default_wisdom_path()})", file=sys.stderr)
+    if export is not None:
+        print(f"Exported to {_export(report, export)}", file=sys.stderr)
     return 0
+
+
+def _export_path(path: Path) -> Path:
+    """Checked before measuring, so a typo does not cost a whole calibration."""
+    path = path.expanduser()
+    if not path.parent.is_dir():
+        raise HearthsideError(
+            f"There is no folder {path.parent} to export the calibration to.",
+            hint="Create it, or pass another --export FILE.",
+        )
+    if path.is_dir():
+        raise HearthsideError(f"{path} is a folder.", hint="Pass a file name, e.g. calib.json.")
+    return path
+
+
+def _export(report: CalibrationReport, path: Path) -> Path:
+    try:
+        return export_calibration(report, path)
+    except OSError as error:
+        raise HearthsideError(
+            f"The calibration was stored but could not be written to {path} ({error.strerror}).",
+            hint="Run `hearthside wisdom export FILE` to share it instead.",
+        ) from error
+
+
+def _show_progress(line: ProgressLine, update: MeasureUpdate) -> None:
+    if update.kind == "calibrating":
+        line.show(f"{update.fraction or 0:4.0%} {update.text}")
+    elif update.kind == "calibrated":
+        line.show("100% stored")
 
 
 def _budget_left_s(budget_s: float | None, quick: bool) -> float:

@@ -6,7 +6,10 @@ spec (`--hardware-spec`). Nothing is loaded: this is the planner's estimate.
 
 When MODEL is an installed model with installed quant variants (`variant_of` in the store),
 every variant is planned — and so are the quants that could be made from the one with the
-most bits, marked "can be made" — and the goal picks among them (`autotune/variants.py`).
+most bits, marked "can be made" — and the goal picks among them (`autotune/variants.py`), by the
+mean KLD `hearthside quality MODEL --variants ...` stored where there is one. The KV-cache types
+count at what was measured on this model, else on its family, else the global priors
+(`autotune/family_quality.py`); the reasons say which.
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
 from hearthside.app.cli_support import parallel_requests, printable
 from hearthside.app.probe_cli import load_profile
 from hearthside.autotune.calibration import calibration_for
+from hearthside.autotune.family_quality import kv_priors, kv_priors_for_file, variant_qualities
+from hearthside.autotune.goals import RunQuality, quality_words
 from hearthside.autotune.memory import WeightPiece, pieces_from_gguf, pieces_from_spec
 from hearthside.autotune.planner import Goal, Plan, cpu_expert_layers, describe_slots, plan
 from hearthside.autotune.variants import (
@@ -33,6 +39,7 @@ from hearthside.autotune.variants import (
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.models.gguf_validator import validate_gguf
+from hearthside.core.models.spec import ModelSpec
 from hearthside.core.models.store import DB_FILE_NAME, DEFAULT_REF, ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
@@ -118,6 +125,8 @@ def _run_plan(args: argparse.Namespace) -> int:
             calibration=_calibration(profile),
             min_decode_tps=args.min_tps,
             n_parallel=args.parallel,
+            qualities=measured_variant_qualities(args.model, variants),
+            kv_priors=_kv_priors(args.model, variants[0].spec),
         )
         result = choice.plan
         if args.json:
@@ -126,8 +135,9 @@ def _run_plan(args: argparse.Namespace) -> int:
         else:
             print(describe_choice(choice))
     else:
+        spec = variants[0].spec if variants else resolve_spec(args.model)
         result = plan(
-            variants[0].spec if variants else resolve_spec(args.model),
+            spec,
             profile,
             goal=args.goal,
             n_ctx=args.ctx,
@@ -135,6 +145,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             calibration=_calibration(profile),
             pieces=_file_pieces(args.model),
             n_parallel=args.parallel,
+            kv_priors=_kv_priors(args.model, spec),
         )
         if args.json:
             sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
@@ -188,6 +199,47 @@ def installed_variants(ref: str) -> list[Variant]:
         ]
 
 
+def measured_variant_qualities(ref: str, variants: Sequence[Variant]) -> dict[str, RunQuality]:
+    """Each installed variant's quality against the model's reference, where the autotune DB
+    has it (`hearthside quality MODEL --variants ...` measures them)."""
+    from hearthside.autotune.quality import QualityError, choose_reference  # loads the engine
+
+    with ModelStore(data_dir()) as store:
+        family = store.family(store.resolve(ref))
+    try:
+        reference = choose_reference(family)
+    except QualityError:
+        return {}  # every file was re-quantized from one that is gone: nothing to compare
+    files = {record.id: record.path for record in family if record.path.is_file()}
+    paths = {v.label: files[v.model_id] for v in variants if v.model_id in files}
+    if not reference.path.is_file():
+        return {}
+    with WisdomDB() as wisdom:
+        return variant_qualities(wisdom, reference.path, paths)
+
+
+def _kv_priors(ref: str, spec: ModelSpec) -> dict[str, RunQuality]:
+    """The KV types' quality measured on this model, else on its family, on this machine."""
+    model_file = model_file_of(ref)
+    with WisdomDB() as wisdom:
+        if model_file is not None and model_file.is_file():
+            return kv_priors_for_file(wisdom, model_file)
+        return kv_priors(wisdom, spec.architecture)
+
+
+def model_file_of(ref: str) -> Path | None:
+    """The GGUF behind `ref`, or None for a what-if model (a catalog id or descriptor)."""
+    path = Path(ref)
+    if ref.lower().endswith(".gguf") and path.is_file():
+        return path
+    if not (data_dir() / DB_FILE_NAME).exists():
+        return None
+    with ModelStore(data_dir()) as store:
+        if ref == DEFAULT_REF or store.find(ref) is not None:
+            return store.resolve(ref).path
+    return None
+
+
 def _calibration(profile: HardwareProfile) -> dict[str, float]:
     """This machine's calibration; a what-if profile finds none (its fingerprint differs)."""
     with WisdomDB() as wisdom:
@@ -221,10 +273,19 @@ def _plain_variant_name(outcome: VariantOutcome) -> str:
 def _variant_line(outcome: VariantOutcome) -> str:
     plan_ = outcome.plan
     verdict = "fits" if plan_.fits else "streams" if plan_.streams_from_disk else "does not fit"
+    quality = _variant_quality(outcome)
     return (
         f"{_variant_name(outcome)}: {outcome.variant.bits_per_weight:.2f} bits, {verdict}, "
-        f"~{plan_.speed.decode_tps:.1f} tok/s decode, context {plan_.config.n_ctx}"
+        f"~{plan_.speed.decode_tps:.1f} tok/s decode, context {plan_.config.n_ctx}, {quality}"
     )
+
+
+def _variant_quality(outcome: VariantOutcome) -> str:
+    if outcome.quality is None:
+        return "quality not measured"
+    if outcome.quality.source == "reference":
+        return "the reference (the most precise file)"
+    return quality_words(outcome.quality)
 
 
 def describe_plan(result: Plan) -> str:

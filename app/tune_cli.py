@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import get_args
 
 from hearthside.app.progress import ProgressLine
+from hearthside.autotune.goals import source_text
 from hearthside.autotune.optimize import MeasureRequest, MeasureUpdate, measure
 from hearthside.autotune.planner import Goal
 from hearthside.autotune.speculative import SpeculationDecision, describe
@@ -173,6 +174,8 @@ def _quality_text(result: TuneResult, run: RunRecord) -> str:
     quality = result.quality_of(run)
     if quality.source == "prior":
         return f", KLD ~{quality.mean_kld:.3f} (not measured)"
+    if quality.source == "family":
+        return f", KLD ~{quality.mean_kld:.3f} ({source_text(quality)})"
     agreement = f", top-1 {quality.top1_agreement:.0%}" if quality.top1_agreement else ""
     return f", KLD {quality.mean_kld:.4f}{agreement}"
 

@@ -1,12 +1,15 @@
 """Calibration figures for the planner: what the kernels measured on this machine.
 
-`hearthside calibrate` stores its report in the autotune DB under the machine's fingerprint
-(and as `calibration.json`); the planner reads the latest one back as the few numbers its
-speed model needs. A report measured on other hardware never applies.
+`hearthside calibrate` stores its report in the autotune DB under the machine's fingerprint,
+the one place calibrations are kept; the planner reads the latest one back as the few numbers
+its speed model needs. A report measured on other hardware never applies. The
+`calibration.json` an older Hearthside kept beside the DB is imported the first time this
+machine has none in the DB (`latest_report`), and then left as it was.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,7 @@ from hearthside.autotune.fingerprint import (
 )
 from hearthside.autotune.memory import repacked_types
 from hearthside.autotune.wisdom import WisdomDB
+from hearthside.core.errors import HearthsideError
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.kernels.engine_run import (
@@ -34,9 +38,15 @@ from hearthside.kernels.engine_run import (
     per_token_work,
     work_by_type,
 )
-from hearthside.kernels.results import CalibrationReport
+from hearthside.kernels.results import (
+    CalibrationReport,
+    legacy_calibration_path,
+    read_calibration_file,
+)
 
+log = logging.getLogger(__name__)
 GB = 1e9
+GIB = 1 << 30
 F32_BYTES = 4
 # A probe whose bytes (or weights) went this much slower than the shipped model's was starved
 # of CPU (see `_plausible`); K-quants measured ~0.8x of Q8_0 here.
@@ -57,12 +67,61 @@ def calibration_for(profile: HardwareProfile, db: WisdomDB) -> dict[str, float]:
     """The planner's figures for this machine: its latest calibration's, the weight types
     measured since against it (`autotune/type_costs.py`), and what the tuner's measured runs
     taught since (`learned_figures`); {} when it was neither calibrated nor measured."""
-    fingerprint = machine_fingerprint(profile)
-    stored = db.latest_calibration(fingerprint)
-    figures = planner_figures(CalibrationReport.from_dict(stored)) if stored is not None else {}
-    if stored is not None:  # the types measured on demand against it (`type_costs.py`)
-        figures = db.type_costs(fingerprint, str(stored.get("created_at", ""))) | figures
+    report = latest_report(profile, db)
+    figures = planner_figures(report) if report is not None else {}
+    if report is not None:  # the types measured on demand against it (`type_costs.py`)
+        figures = db.type_costs(machine_fingerprint(profile), report.created_at) | figures
     return figures | learned_figures(profile, db)
+
+
+def latest_report(profile: HardwareProfile, db: WisdomDB) -> CalibrationReport | None:
+    """This machine's latest calibration in the DB, or None when it was never calibrated.
+    Until it has one there, an old `calibration.json` beside the DB measured on this machine
+    is imported first, so upgrading loses nothing."""
+    stored = db.latest_calibration(machine_fingerprint(profile))
+    if stored is None:
+        return import_legacy_calibration(profile, db)
+    return CalibrationReport.from_dict(stored)
+
+
+def import_legacy_calibration(profile: HardwareProfile, db: WisdomDB) -> CalibrationReport | None:
+    """Store the data folder's old `calibration.json` when it was measured on this machine;
+    the file itself is left as it was. Failing to import is not worth an error for a reader:
+    a damaged file is skipped, and a DB busy or read-only now imports it on a later read."""
+    path = legacy_calibration_path(db.path.parent)
+    try:
+        report = read_calibration_file(path)
+        if report is None or not measured_on(report, profile):
+            return None
+        store_calibration(report, profile, db)
+    except HearthsideError as error:
+        log.warning("not importing %s: %s", path, error.user_text())
+        return None
+    log.info("imported the calibration of %s from %s", report.created_at, path)
+    return report
+
+
+def measured_on(report: CalibrationReport, profile: HardwareProfile) -> bool:
+    """Whether the machine summary stored with `report` (`summarize_machine`) is `profile`'s:
+    the same CPU, core counts, memory size and GPUs."""
+    machine, cpu = report.machine, profile.cpu
+    here = {
+        "cpu_model": cpu.model,
+        "cpu_arch": cpu.arch,
+        "physical_cores": cpu.physical_cores,
+        "logical_cores": cpu.logical_cores,
+    }
+    same_cpu = bool(machine.get("cpu_model")) and all(
+        machine.get(name) == value for name, value in here.items()
+    )
+    memory = machine.get("memory_total_bytes")
+    same_memory = memory is None or _gib(memory) == _gib(profile.memory.total_bytes)
+    gpus = [gpu.get("name") for gpu in machine.get("gpus") or ()]
+    return same_cpu and same_memory and gpus == [gpu.name for gpu in profile.gpus]
+
+
+def _gib(value: int | None) -> int | None:
+    return None if value is None else round(value / GIB)
 
 
 def learned_figures(profile: HardwareProfile, db: WisdomDB) -> dict[str, float]:

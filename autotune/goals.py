@@ -8,13 +8,17 @@ from the reference (`autotune/quality.py`).
 - "longest-context": as "balanced" (the tuner has already planned the longest context).
 When no run is within the budget, the goal chooses among those closest to the reference.
 
-A run's quality is measured when the autotune DB has it for its weights and KV-cache type; until
-then it is the prior for its KV type (`KV_KLD_PRIORS`), marked as such. What the budget cost —
-the fastest run over the chosen one — is in `Choice.budget_cost`.
+A run's quality is measured when the autotune DB has it for its weights and KV-cache type. Until
+then a KV type counts at a prior, best first: the model's own measurement (another text or
+context), then one measured on another model of the same family on this machine ("q4_0 KV: KLD
+0.30 measured on gemma-3-270m (same family, gemma3)", `autotune/family_quality.py` reads them),
+then the global `KV_KLD_PRIORS`; each is marked with its source. What the budget cost — the
+fastest run over the chosen one — is in `Choice.budget_cost`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,16 +43,20 @@ UNKNOWN_KV_PRIOR = 0.1  # a KV type without a prior counts as over budget until 
 
 @dataclass(frozen=True)
 class RunQuality:
-    """A run's quality against the reference: measured, the reference itself, or a prior."""
+    """A run's quality against the reference: measured, the reference itself, measured on
+    another model of the same family ("family"), or the global prior."""
 
     mean_kld: float
-    source: str  # "measured", "reference" or "prior"
+    source: str  # "measured", "reference", "family" or "prior"
     top1_agreement: float | None = None
     perplexity: float | None = None
+    measured_on: str | None = None  # for "family": the model it was measured on
+    family: str | None = None  # for "family": the architecture both share, e.g. "gemma3"
 
     @property
     def measured(self) -> bool:
-        return self.source != "prior"
+        """Measured on this model (a family figure is a prior here)."""
+        return self.source in ("measured", "reference")
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -56,11 +64,25 @@ class RunQuality:
             "source": self.source,
             "top1_agreement": self.top1_agreement,
             "perplexity": self.perplexity,
+            "measured_on": self.measured_on,
+            "family": self.family,
         }
 
 
 def measured_quality(record: QualityRecord) -> RunQuality:
     return RunQuality(record.mean_kld, "measured", record.top1_agreement, record.perplexity)
+
+
+def family_quality(record: QualityRecord) -> RunQuality:
+    """A figure measured on another model of the family, standing in as this one's prior."""
+    return RunQuality(
+        record.mean_kld,
+        "family",
+        record.top1_agreement,
+        record.perplexity,
+        measured_on=model_name(record.reference),
+        family=record.architecture,
+    )
 
 
 def reference_quality(perplexity: float | None = None) -> RunQuality:
@@ -69,6 +91,54 @@ def reference_quality(perplexity: float | None = None) -> RunQuality:
 
 def prior_quality(kv_type: str) -> RunQuality:
     return RunQuality(KV_KLD_PRIORS.get(kv_type, UNKNOWN_KV_PRIOR), "prior")
+
+
+def kv_prior(kv_type: str, priors: Mapping[str, RunQuality] | None = None) -> RunQuality:
+    """A KV type's quality before it is measured here: `priors` (the model's own or its
+    family's figures, `family_quality.kv_priors`), else the global prior."""
+    return (priors or {}).get(kv_type) or prior_quality(kv_type)
+
+
+def model_name(file_name: str) -> str:
+    """A model's name from its file's: "gemma-3-270m-Q4_K_M.gguf" → "gemma-3-270m"."""
+    stem = re.sub(r"\.gguf$", "", file_name, flags=re.IGNORECASE)
+    return re.sub(r"[-._](I?Q\d\w*|F16|BF16|F32)$", "", stem, flags=re.IGNORECASE) or stem
+
+
+def kld_text(mean_kld: float) -> str:
+    """A mean KLD at the precision that tells budgets apart: 0.30, 0.025, 0.0060."""
+    places = 2 if mean_kld >= 0.1 else 3 if mean_kld >= 0.01 else 4
+    return f"{mean_kld:.{places}f}"
+
+
+def source_text(quality: RunQuality) -> str:
+    """Where a figure comes from, in words."""
+    if quality.source == "family":
+        return f"measured on {quality.measured_on} (same family, {quality.family})"
+    return {
+        "measured": "measured on this model",
+        "reference": "(the reference)",
+    }.get(quality.source, "(a prior, not measured yet)")
+
+
+def kv_quality_text(kv_type: str, quality: RunQuality) -> str:
+    """E.g. "q4_0 KV: KLD 0.30 measured on gemma-3-270m (same family, gemma3)"."""
+    return f"{kv_type} KV: KLD {kld_text(quality.mean_kld)} {source_text(quality)}"
+
+
+def quality_words(quality: RunQuality) -> str:
+    """A run's quality in a few words, for a chart or a table cell: the source shows in the
+    words, so a family figure never reads as measured on this model."""
+    if quality.source == "reference":
+        return "the reference (f16 KV)"
+    kld = kld_text(quality.mean_kld)
+    if quality.source == "family":
+        return f"KLD ~{kld} (measured on {quality.measured_on}, {quality.family} family)"
+    if quality.source == "prior":
+        return f"KLD ~{kld} (prior, not measured yet)"
+    agreement = quality.top1_agreement
+    same_top = f", same top token {agreement:.0%}" if agreement is not None else ""
+    return f"KLD {kld}{same_top}"
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 `measure(request, cancel, post)` calibrates this machine when asked (`calibrate`), then tunes the
 chosen model (`autotune/tuner.py`), reporting each step as a `MeasureUpdate` through `post`; it
-returns the `TuneResult`. `apply_tuning` stores the winner. Around them are the facts the wizard's
+returns the `TuneResult`. `calibrate(CalibrationRequest, post)` is the calibration alone, the
+same steps for the wizard and `hearthside calibrate`: it stores the report in the autotune DB
+and returns it. `apply_tuning` stores the winner. Around them are the facts the wizard's
 pages show (the machine's `survey`, the `model_choices`, a catalog model's plan) and the words of
 its result (`verdict`, `settings_rows`, `quality_row`, `measured_reasons`, `audit_text`). The
 wizard (`app/gui/wizard.py`) keeps only its pages and a runner that calls `measure` as an engine
@@ -32,7 +34,7 @@ from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.serialize import from_jsonable, to_jsonable
 from hearthside.kernels import calibrate as calibration_kernels
 from hearthside.kernels.calibrate import run_calibration
-from hearthside.kernels.results import save_calibration
+from hearthside.kernels.results import CalibrationReport
 
 CALIBRATION_BUDGET_S = calibration_kernels.DEFAULT_BUDGET_S  # a whole one: the probes too
 MAX_SUGGESTIONS = 6
@@ -76,6 +78,16 @@ class MeasureRequest:
     calibrate: bool
     rigor: Rigor = "quick"
     save_default: bool = False  # the wizard saves on Apply; `hearthside tune` at once
+
+
+@dataclass(frozen=True)
+class CalibrationRequest:
+    """A calibration of this machine: `hearthside calibrate`, or the wizard's first step."""
+
+    profile: HardwareProfile
+    model_path: Path | None  # the engine's run; None: the store's default model, if any
+    budget_s: float
+    quick: bool = False  # the shipped model alone, no speed probes
 
 
 @dataclass(frozen=True)
@@ -244,12 +256,14 @@ def _quality_budget_text(result: TuneResult) -> str:
 
 
 def quality_text(result: TuneResult, run: RunRecord) -> str:
-    """A run's quality in a few words: the reference itself, measured, or a prior."""
+    """A run's quality in a few words: the reference itself, measured, its family's, or a prior."""
     quality = result.quality_of(run)
     if quality.source == "reference":
         return "the reference (f16 KV)"
     if quality.source == "prior":
         return f"KLD ~{quality.mean_kld:.3f} (not measured yet)"
+    if quality.source == "family":
+        return f"KLD ~{quality.mean_kld:.3f} ({quality.family} family)"
     agreement = quality.top1_agreement or 0.0
     return f"KLD {quality.mean_kld:.4f}, same top token {agreement:.0%}"
 
@@ -339,8 +353,9 @@ def measure(
             f"The model file is missing ({request.model_path.name}).",
             hint="Add it again on the Models page, or choose another model.",
         )
-    if request.calibrate:
-        calibrate(request, post)
+    if request.calibrate:  # a whole calibration: the wizard never stores a quick one
+        whole = CalibrationRequest(request.profile, request.model_path, CALIBRATION_BUDGET_S)
+        calibrate(whole, post)
     if request.model_path is None or cancel.is_set():
         return None
     key = tuning_key(request.profile, request.model_path)
@@ -359,17 +374,23 @@ def measure(
         )  # the winner's context check included, within the budget (its notes say if not)
 
 
-def calibrate(request: MeasureRequest, post: Callable[[MeasureUpdate], None]) -> None:
+def calibrate(
+    request: CalibrationRequest, post: Callable[[MeasureUpdate], None]
+) -> CalibrationReport:
+    """Measure this machine, reporting each kernel as a "calibrating" update (its name, the
+    share of the budget spent), and keep the report in the autotune DB, the one place the
+    planner, the Hardware page and the wizard read it from."""
     report = run_calibration(
-        budget_s=CALIBRATION_BUDGET_S,
+        quick=request.quick,
+        budget_s=request.budget_s,
         model_path=request.model_path,
         profile=request.profile,
         progress=lambda step, done: post(MeasureUpdate("calibrating", step, done)),
     )
-    save_calibration(report)
     with WisdomDB() as db:
         store_calibration(report, request.profile, db)
-    post(MeasureUpdate("calibrated"))
+    post(MeasureUpdate("calibrated", fraction=1.0))
+    return report
 
 
 def candidate_update(event: TuneEvent, db: WisdomDB, key: TuningKey) -> MeasureUpdate:

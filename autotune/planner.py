@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -39,7 +39,7 @@ from hearthside.autotune.cpu_costs import (
     describe_key,
     layer_seconds,
 )
-from hearthside.autotune.goals import KLD_BUDGET, prior_quality
+from hearthside.autotune.goals import KLD_BUDGET, RunQuality, kv_prior, kv_quality_text
 from hearthside.autotune.memory import (
     CPU,
     LayerPlacement,
@@ -320,6 +320,7 @@ def plan(
     n_ubatch: int | None = None,
     n_parallel: int | None = None,
     kv_types: Sequence[str] = KV_CHOICES,
+    kv_priors: Mapping[str, RunQuality] | None = None,
 ) -> Plan:
     """The settings for `spec` on `profile`. `calibration` may give measured
     "cpu_read_bytes_per_s", "cpu_flops", "disk_read_bytes_per_s", and the engine's costs
@@ -329,7 +330,9 @@ def plan(
     spec's groups; `n_ubatch` plans with smaller micro-batches than the engine's default
     (smaller compute buffers); `n_parallel` asks for that many slots (None: the planner
     chooses, see the module docstring); `kv_types` limits the KV-cache types tried (the
-    back-off keeps the KV of one slot while it drops slots)."""
+    back-off keeps the KV of one slot while it drops slots); `kv_priors`, the KV types'
+    quality measured on this model or its family (`family_quality.kv_priors`; the rest count
+    at the global priors), decide which KV types "fastest" keeps within the KLD budget."""
     machine = describe_machine(profile, calibration or {})
     contexts = _contexts(spec, goal, n_ctx)
     recipes = matching(spec, profile)
@@ -362,7 +365,7 @@ def plan(
         if n_parallel is not None and n_parallel > 1:
             fewer = _most_slots_that_fit(n_parallel, lambda n: any(c.fits for c in sized(n)))
         return _nothing_fits(spec, goal, candidates, machine, fewer)
-    ranked = sorted(pool, key=lambda candidate: _score(candidate, goal), reverse=True)
+    ranked = sorted(pool, key=lambda candidate: _score(candidate, goal, kv_priors), reverse=True)
     best, slots_reason = ranked[0], None
     if n_parallel is None:
         best, slots_reason = _add_slots(spec, machine, ranked[0], free_margin_bytes, pieces)
@@ -376,7 +379,7 @@ def plan(
         streams_from_disk=best.streams_from_disk,
         confidence=_confidence(machine, best.speed),
         reasons=tuple(
-            _reasons(spec, machine, best, candidates, goal)
+            _reasons(spec, machine, best, goal, kv_priors)
             + [slots_reason or _asked_slots_reason(best.config)]
             + _recipe_reasons(recipes)
             + weight_cost_reasons(machine, token_work(spec, best.config, machine.gpus, pieces))
@@ -1007,14 +1010,16 @@ def _peak_flops(machine: Machine, device: str) -> float:
     return (tflops or 20.0) * 1e12
 
 
-def _score(candidate: Candidate, goal: Goal) -> tuple[float, ...]:
+def _score(
+    candidate: Candidate, goal: Goal, kv_priors: Mapping[str, RunQuality] | None = None
+) -> tuple[float, ...]:
     config = candidate.config
     kv_quality = {"f16": 2, "q8_0": 1, "q4_0": 0}[config.type_k]
     fits = 1.0 if candidate.fits else 0.0
     if goal == "longest-context":
         return (fits, config.n_ctx, kv_quality, candidate.speed.decode_tps)
     if goal == "fastest":  # within the quality budget unless nothing within it fits
-        within = 1.0 if prior_quality(config.type_k).mean_kld <= KLD_BUDGET else 0.0
+        within = 1.0 if kv_prior(config.type_k, kv_priors).mean_kld <= KLD_BUDGET else 0.0
         return (fits, within, candidate.speed.decode_tps, kv_quality, config.n_ctx)
     if goal == "quality":
         return (fits, kv_quality, candidate.speed.decode_tps, config.n_ctx)
@@ -1026,8 +1031,8 @@ def _reasons(
     spec: ModelSpec,
     machine: Machine,
     best: Candidate,
-    candidates: Sequence[Candidate],
     goal: Goal,
+    kv_priors: Mapping[str, RunQuality] | None,
 ) -> list[Reason]:
     config = best.config
     reasons = []
@@ -1056,17 +1061,7 @@ def _reasons(
                 f"only its {spec.n_expert_used} active experts from the slower tier.",
             )
         )
-    reasons.append(
-        Reason(
-            "type_k/type_v",
-            config.type_k,
-            "Full-precision KV cache fits."
-            if config.type_k == "f16"
-            else f"A {config.type_k} KV cache makes this context fit (or run faster); it moves "
-            f"the answers by a mean KLD of about {prior_quality(config.type_k).mean_kld:.3f} "
-            f"(a prior until `hearthside tune` measures it; the budget is {KLD_BUDGET}).",
-        )
-    )
+    reasons.append(_kv_reason(config.type_k, kv_priors))
     reasons.append(
         Reason(
             "flash_attn",
@@ -1090,6 +1085,19 @@ def _reasons(
         reasons.append(_streaming_reason(spec, machine, best))
     reasons.append(_decode_bound_reason(machine, best.speed))
     return reasons
+
+
+def _kv_reason(kv_type: str, kv_priors: Mapping[str, RunQuality] | None) -> Reason:
+    if kv_type == "f16":
+        return Reason("type_k/type_v", kv_type, "Full-precision KV cache fits.")
+    quality = kv_prior(kv_type, kv_priors)
+    until = "" if quality.measured else " — `hearthside tune` measures it on this model"
+    return Reason(
+        "type_k/type_v",
+        kv_type,
+        f"A {kv_type} KV cache makes this context fit (or run faster). What it does to the "
+        f"answers: {kv_quality_text(kv_type, quality)}; the budget is {KLD_BUDGET}{until}.",
+    )
 
 
 def _streaming_reason(spec: ModelSpec, machine: Machine, best: Candidate) -> Reason:

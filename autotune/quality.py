@@ -45,6 +45,7 @@ from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.worker_engine import WorkerEngine
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.descriptor import QUANT_PROFILES
+from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.store import SOURCE_QUANTIZED_PREFIX, ModelRecord
 from hearthside.core.paths import data_dir, ensure_private_dir
 
@@ -431,8 +432,10 @@ def summarize(
     *,
     fingerprints: tuple[str, str],
     text: EvalText,
+    architecture: str = "",
 ) -> QualityRecord:
-    """The candidate's figures against the reference (`fingerprints`: reference, candidate)."""
+    """The candidate's figures against the reference (`fingerprints`: reference, candidate;
+    `architecture`: the reference's, its model family)."""
     assert scores.probe_logprobs is not None
     kld = kl_divergence(logits.kept_logprobs, scores.probe_logprobs, logits.tail_mass)
     return QualityRecord(
@@ -449,6 +452,7 @@ def summarize(
         top1_agreement=float(np.mean(scores.argmax == logits.kept_ids[:, 0])),
         perplexity=perplexity(scores.target_logprobs),
         reference_perplexity=perplexity(logits.target_logprobs),
+        architecture=architecture,
     )
 
 
@@ -472,6 +476,8 @@ def measure_quality(
     text = text or load_eval_text()
     reference = Candidate(reference.path, reference.label, REFERENCE_KV)
     reference_model = model_fingerprint(reference.path)
+    architecture = validate_gguf(reference.path).architecture or ""
+    db.note_quality_architecture(reference_model, architecture)  # rows from before schema 6
     cache = reference_cache_path(cache_dir or default_cache_dir(), reference_model, text, n_ctx)
     logits: ReferenceLogits | None = None
     computed = False
@@ -488,7 +494,13 @@ def measure_quality(
             )
         scores = score_candidate(candidate, logits, n_gpu_layers=n_gpu_layers, progress=progress)
         record = summarize(
-            candidate, reference, logits, scores, fingerprints=fingerprints, text=text
+            candidate,
+            reference,
+            logits,
+            scores,
+            fingerprints=fingerprints,
+            text=text,
+            architecture=architecture,
         )
         results.append(QualityResult(candidate, db.save_quality(record), reused=False))
     return QualityReport(reference, tuple(results), reference_computed=computed)

@@ -6,18 +6,26 @@ DB and are reused by later runs, the reference's distributions are cached on dis
 scores the first `QUICK_EVAL_CHARS` of the evaluation text (two chunks of `QUICK_EVAL_CTX`
 tokens), a thorough one all of it in chunks of the chat context `quality.DEFAULT_EVAL_CTX`.
 A KV type is measured only while its passes fit in the phase's time (estimated from the
-measured prefill speed); one that does not keeps its prior (`goals.KV_KLD_PRIORS`) and a note
-says so.
+measured prefill speed); one that does not keeps its prior — the model's own figure at another
+text or context, else its family's on this machine (`family_quality.kv_priors`), else the
+global `goals.KV_KLD_PRIORS` — and a note says which.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from hearthside.autotune.family_quality import kv_priors
 from hearthside.autotune.fingerprint import model_fingerprint
-from hearthside.autotune.goals import RunQuality, measured_quality, prior_quality, reference_quality
+from hearthside.autotune.goals import (
+    RunQuality,
+    kv_prior,
+    kv_quality_text,
+    measured_quality,
+    reference_quality,
+)
 from hearthside.autotune.quality import (
     DEFAULT_EVAL_CTX,
     REFERENCE_KV,
@@ -46,9 +54,10 @@ class KvQuality:
     reference: str  # the reference's name in words, e.g. "gemma-3-270m.Q4_K_M.gguf, f16 KV"
     by_kv: dict[str, RunQuality]
     notes: tuple[PhaseNote, ...] = ()
+    priors: Mapping[str, RunQuality] = field(default_factory=dict)  # own or family figures
 
     def of(self, kv_type: str) -> RunQuality:
-        return self.by_kv.get(kv_type) or prior_quality(kv_type)
+        return self.by_kv.get(kv_type) or kv_prior(kv_type, self.priors)
 
 
 def eval_context(rigor: Rigor) -> int:
@@ -79,9 +88,11 @@ def kv_quality(
     the file's, when the caller has it)."""
     text = text or eval_text(rigor)
     n_ctx = n_ctx or eval_context(rigor)
-    label = validate_gguf(model_path).quant_name or model_path.name
+    info = validate_gguf(model_path)
+    label = info.quant_name or model_path.name
     reference = Candidate(model_path, label, REFERENCE_KV)
     fingerprint = fingerprint or model_fingerprint(model_path)
+    priors = kv_priors(db, info.architecture, fingerprint)
     cache = reference_cache_path(cache_dir or default_cache_dir(), fingerprint, text, n_ctx)
     pass_s = _pass_s(text, prefill_tps)
     by_kv = {REFERENCE_KV: reference_quality()}
@@ -90,7 +101,7 @@ def kv_quality(
         stored = db.quality(fingerprint, fingerprint, kv_type, text.sha256, n_ctx)
         needed_s = 0.0 if stored else pass_s * (1 if cache.exists() else 2)
         if needed_s > seconds_left():
-            notes.append(_not_measured(kv_type, needed_s, seconds_left()))
+            notes.append(_not_measured(kv_type, needed_s, seconds_left(), priors))
             continue
         try:
             report = measure_quality(
@@ -102,12 +113,18 @@ def kv_quality(
                 cache_dir=cache.parent,
             )
         except (EngineError, QualityError) as exc:
-            notes.append(PhaseNote("quality", f"{kv_type} KV not measured: {exc.message}"))
+            stands_in = kv_quality_text(kv_type, kv_prior(kv_type, priors))
+            notes.append(
+                PhaseNote(
+                    "quality",
+                    f"{kv_type} KV not measured: {exc.message}; {stands_in} stands in",
+                )
+            )
             continue
         by_kv[kv_type] = measured_quality(report.results[0].record)
         if listener is not None:
             listener(kv_type, by_kv[kv_type])
-    return KvQuality(f"{model_path.name} with an f16 KV cache", by_kv, tuple(notes))
+    return KvQuality(f"{model_path.name} with an f16 KV cache", by_kv, tuple(notes), priors)
 
 
 def _pass_s(text: EvalText, prefill_tps: float | None) -> float:
@@ -116,10 +133,12 @@ def _pass_s(text: EvalText, prefill_tps: float | None) -> float:
     return ENGINE_LOAD_S + tokens / max(prefill_tps or 0.0, 1.0) * SCORING_SLOWDOWN
 
 
-def _not_measured(kv_type: str, needed_s: float, left_s: float) -> PhaseNote:
-    prior = prior_quality(kv_type).mean_kld
+def _not_measured(
+    kv_type: str, needed_s: float, left_s: float, priors: Mapping[str, RunQuality]
+) -> PhaseNote:
+    stands_in = kv_quality_text(kv_type, kv_prior(kv_type, priors))
     return PhaseNote(
         "quality",
         f"{kv_type} KV not measured: it needs about {needed_s:.0f} s, {max(left_s, 0):.0f} s "
-        f"were left; its prior KLD {prior:.3f} stands in until a longer run measures it",
+        f"were left; {stands_in} stands in until a longer run measures it",
     )

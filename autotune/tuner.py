@@ -38,6 +38,7 @@ import psutil
 
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.capacity import CapacityAudit, audit_context_within
+from hearthside.autotune.family_quality import kv_priors
 from hearthside.autotune.fingerprint import TuningKey, machine_identity, tuning_key
 from hearthside.autotune.goals import KLD_BUDGET, RunQuality, choose, prior_quality
 from hearthside.autotune.memory import WeightPiece, pieces_from_spec
@@ -257,7 +258,13 @@ def tune(
         # the longest-context goal plans the longest context that fits, the others chat's
         context = None if goal == "longest-context" else TUNING_CONTEXT
         planned = plan(
-            spec, profile, goal=goal, n_ctx=context, calibration=calibration, n_parallel=1
+            spec,
+            profile,
+            goal=goal,
+            n_ctx=context,
+            calibration=calibration,
+            n_parallel=1,
+            kv_priors=kv_priors(db, spec.architecture, key.model),
         )
         base = replace(planned.config, model_path=str(model_path))
         baseline_config = llama_cpp_defaults(str(model_path), profile, base.n_ctx)

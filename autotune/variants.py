@@ -2,23 +2,34 @@
 
 A model often exists in several quantizations (Q8_0, Q4_K_M, Q2_K, ...): registered files, or
 ones `core/models/quantize.py` can make from a higher-bit file. `plan_variants` plans every
-variant with the planner and picks, per goal, among the plans that fit:
+variant with the planner and picks, per goal, among the plans that fit. Quality is the mean KL
+divergence against the model's reference (`autotune/quality.py`) where the autotune DB has it
+for a variant (`hearthside quality MODEL --variants ...`; the caller reads it with
+`family_quality.variant_qualities`); a variant never measured keeps bits per weight as its
+stand-in, and its reason says so:
 
-- fastest: the highest predicted decode speed.
-- quality: the most bits per weight whose predicted decode meets the speed floor
-  (`min_decode_tps`); when none meets it, the fastest, and the reason says so.
-- balanced: the fastest of the variants that keep near-full quality (at least
-  `BALANCED_MIN_BITS` bits per weight, about Q4) and meet the floor; below that the quality
-  rule. Past ~4.5 bits the quality gained per extra bit is small while decode time grows with
-  every byte, so the fastest near-lossless variant is the balance.
+- fastest: the highest predicted decode speed among the variants within `goals.KLD_BUDGET`
+  (an unmeasured one counts as within); when every measured one is over it and none is
+  unmeasured, the closest to the reference.
+- quality: the lowest KLD whose predicted decode meets the speed floor (`min_decode_tps`);
+  an unmeasured variant wins only with more bits than that one; when none meets the floor,
+  the fastest, and the reason says so.
+- balanced: among the variants that meet the floor and keep near-full quality (measured within
+  the budget; unmeasured: at least `BALANCED_MIN_BITS` bits per weight, about Q4), the closest
+  to the reference of those within `goals.BALANCED_FLOOR` of the fastest — with no measurement
+  among them, simply the fastest: past ~4.5 bits the quality gained per extra bit is small
+  while decode time grows with every byte. Below that, the quality rule.
 - longest-context: the longest context that fits; ties go to the finer KV cache, then to
   more bits.
 
-A variant whose plan does not fit is never picked; when none fits, one that streams from disk
-is, and when none does either, the advice names what would.
+A faster variant passed over for its measured quality is named in the reason ("Q4_0: 1.15×
+faster, KLD 0.21 — answers noticeably differ; not chosen"). A variant whose plan does not fit
+is never picked; when none fits, one that streams from disk is, and when none does either, the
+advice names what would.
 
-Like the planner this is pure: specs, profile and calibration come in, a `VariantChoice`
-goes out. `makeable_variants` builds the what-if specs of variants that could be made locally.
+Like the planner this is pure: specs, profile, calibration and measured qualities come in, a
+`VariantChoice` goes out. `makeable_variants` builds the what-if specs of variants that could
+be made locally.
 """
 
 from __future__ import annotations
@@ -27,6 +38,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hearthside.autotune.goals import (
+    BALANCED_FLOOR,
+    KLD_BUDGET,
+    RunQuality,
+    kld_text,
+    quality_words,
+)
 from hearthside.autotune.planner import (
     DEFAULT_FREE_MARGIN_BYTES,
     Goal,
@@ -69,6 +87,7 @@ class VariantOutcome:
 
     variant: Variant
     plan: Plan
+    quality: RunQuality | None = None  # measured against the reference; None: not measured
 
     @property
     def usable(self) -> bool:
@@ -94,6 +113,7 @@ class VariantOutcome:
             "type_k": self.plan.config.type_k,
             "decode_tps": round(self.plan.speed.decode_tps, 1),
             "prefill_tps": round(self.plan.speed.prefill_tps, 1),
+            "quality": self.quality.to_dict() if self.quality else None,
         }
 
 
@@ -131,9 +151,12 @@ def plan_variants(
     calibration: dict[str, float] | None = None,
     min_decode_tps: float = DEFAULT_MIN_DECODE_TPS,
     n_parallel: int | None = None,
+    qualities: Mapping[str, RunQuality] | None = None,
+    kv_priors: Mapping[str, RunQuality] | None = None,
 ) -> VariantChoice:
     """Plan every variant (a mapping is label → spec of installed variants) and pick one for
-    `goal`; see the module docstring for the rule per goal."""
+    `goal`; see the module docstring for the rule per goal. `qualities`: each measured
+    variant's quality by label; `kv_priors`: as the planner's."""
     outcomes = plan_each(
         variants,
         profile,
@@ -142,6 +165,8 @@ def plan_variants(
         free_margin_bytes=free_margin_bytes,
         calibration=calibration,
         n_parallel=n_parallel,
+        qualities=qualities,
+        kv_priors=kv_priors,
     )
     return choose_variant(outcomes, goal, min_decode_tps)
 
@@ -155,11 +180,15 @@ def plan_each(
     free_margin_bytes: int = DEFAULT_FREE_MARGIN_BYTES,
     calibration: dict[str, float] | None = None,
     n_parallel: int | None = None,
+    qualities: Mapping[str, RunQuality] | None = None,
+    kv_priors: Mapping[str, RunQuality] | None = None,
 ) -> list[VariantOutcome]:
-    """The planner's plan for every variant, in the order given (`n_parallel` as `plan`'s)."""
+    """The planner's plan for every variant, in the order given (`n_parallel` and
+    `kv_priors` as `plan`'s), with its measured quality from `qualities` (by label)."""
     chosen_from = _as_variants(variants)
     if not chosen_from:
         raise ValueError("plan_variants needs at least one variant")
+    measured = qualities or {}
     return [
         VariantOutcome(
             variant,
@@ -171,7 +200,9 @@ def plan_each(
                 free_margin_bytes=free_margin_bytes,
                 calibration=calibration,
                 n_parallel=n_parallel,
+                kv_priors=kv_priors,
             ),
+            measured.get(variant.label),
         )
         for variant in chosen_from
     ]
@@ -188,6 +219,7 @@ def choose_variant(
     if not pool:
         return _nothing_fits(goal, outcomes, min_decode_tps)
     best, reason = _pick(goal, pool, min_decode_tps)
+    reason = " ".join([reason, _quality_note(best, pool), *_passed_over(best, pool)])
     if not fitting:
         reason += " No variant fits in memory; this one streams its weights from disk."
     others = sorted(
@@ -213,8 +245,7 @@ def _as_variants(variants: Sequence[Variant] | Mapping[str, ModelSpec]) -> list[
 
 def _pick(goal: Goal, pool: Sequence[VariantOutcome], floor: float) -> tuple[VariantOutcome, str]:
     if goal == "fastest":
-        best = max(pool, key=lambda o: (o.decode_tps, o.variant.bits_per_weight))
-        return best, f"{_name(best)} is predicted fastest ({best.decode_tps:.1f} tok/s decode)."
+        return _fastest(pool)
     if goal == "longest-context":
         best = max(
             pool,
@@ -231,34 +262,134 @@ def _pick(goal: Goal, pool: Sequence[VariantOutcome], floor: float) -> tuple[Var
             "the most bits among those that do."
         )
     if goal == "balanced":
-        near_lossless = [
-            o
-            for o in pool
-            if o.variant.bits_per_weight >= BALANCED_MIN_BITS and o.decode_tps >= floor
-        ]
-        if near_lossless:
-            best = max(near_lossless, key=lambda o: (o.decode_tps, o.variant.bits_per_weight))
-            return best, (
-                f"{_name(best)} is the fastest variant with at least {BALANCED_MIN_BITS:g} bits "
-                f"per weight ({best.decode_tps:.1f} tok/s decode, floor {floor:g}): more bits "
-                "would cost speed for little quality, fewer would cost quality."
-            )
+        balanced = _balanced(pool, floor)
+        if balanced is not None:
+            return balanced
     return _highest_quality(pool, floor)
+
+
+def _fastest(pool: Sequence[VariantOutcome]) -> tuple[VariantOutcome, str]:
+    allowed = [o for o in pool if o.quality is None or o.quality.mean_kld <= KLD_BUDGET]
+    if not allowed:
+        best = _closest(pool)
+        return best, (
+            f"Every variant measured is over the quality budget (mean KLD ≤ {KLD_BUDGET}); "
+            f"{_name(best)} is the closest to the reference ({best.decode_tps:.1f} tok/s decode)."
+        )
+    best = max(allowed, key=lambda o: (o.decode_tps, o.variant.bits_per_weight))
+    checked = any(o.quality and o.quality.source != "reference" for o in pool)
+    within = " within the quality budget" if checked else ""
+    return best, (
+        f"{_name(best)} is predicted fastest{within} ({best.decode_tps:.1f} tok/s decode)."
+    )
+
+
+def _balanced(pool: Sequence[VariantOutcome], floor: float) -> tuple[VariantOutcome, str] | None:
+    near_lossless = [o for o in pool if _near_lossless(o) and o.decode_tps >= floor]
+    if not near_lossless:
+        return None
+    if not any(o.quality for o in near_lossless):
+        best = max(near_lossless, key=lambda o: (o.decode_tps, o.variant.bits_per_weight))
+        return best, (
+            f"{_name(best)} is the fastest variant with at least {BALANCED_MIN_BITS:g} bits "
+            f"per weight ({best.decode_tps:.1f} tok/s decode, floor {floor:g}): more bits "
+            "would cost speed for little quality, fewer would cost quality."
+        )
+    top = max(o.decode_tps for o in near_lossless)
+    best = _closest([o for o in near_lossless if o.decode_tps >= top * BALANCED_FLOOR])
+    return best, (
+        f"{_name(best)} is the closest to the reference among the variants within the quality "
+        f"budget that decode within {1 - BALANCED_FLOOR:.0%} of the fastest of them "
+        f"({best.decode_tps:.1f} tok/s decode, floor {floor:g})."
+    )
+
+
+def _near_lossless(outcome: VariantOutcome) -> bool:
+    """Within the KLD budget where measured; at least about Q4's bits where not."""
+    if outcome.quality is not None:
+        return outcome.quality.mean_kld <= KLD_BUDGET
+    return outcome.variant.bits_per_weight >= BALANCED_MIN_BITS
+
+
+def _closest(outcomes: Sequence[VariantOutcome]) -> VariantOutcome:
+    """The variant nearest the reference: the lowest measured KLD, unless one not measured
+    has more bits than that one (bits stand in for quality until it is measured)."""
+    measured = [o for o in outcomes if o.quality is not None]
+    unmeasured = [o for o in outcomes if o.quality is None]
+    best = min(measured, key=lambda o: (_kld(o), -o.decode_tps), default=None)
+    finest = max(unmeasured, key=lambda o: (o.variant.bits_per_weight, o.decode_tps), default=None)
+    if best is None or (
+        finest is not None and finest.variant.bits_per_weight > best.variant.bits_per_weight
+    ):
+        assert finest is not None
+        return finest
+    return best
+
+
+def _kld(outcome: VariantOutcome) -> float:
+    return outcome.quality.mean_kld if outcome.quality is not None else float("inf")
 
 
 def _highest_quality(pool: Sequence[VariantOutcome], floor: float) -> tuple[VariantOutcome, str]:
     fast_enough = [o for o in pool if o.decode_tps >= floor]
     if fast_enough:
-        best = max(fast_enough, key=lambda o: (o.variant.bits_per_weight, o.decode_tps))
+        best = _closest(fast_enough)
+        closest = (
+            f"is the closest to the reference (mean KLD {kld_text(best.quality.mean_kld)})"
+            if best.quality is not None
+            else f"has the most bits per weight ({best.variant.bits_per_weight:.2f})"
+        )
         return best, (
-            f"{_name(best)} has the most bits per weight ({best.variant.bits_per_weight:.2f}) "
-            f"among the variants predicted to decode at least {floor:g} tok/s "
-            f"({best.decode_tps:.1f} tok/s)."
+            f"{_name(best)} {closest} among the variants predicted to decode at least "
+            f"{floor:g} tok/s ({best.decode_tps:.1f} tok/s)."
         )
     best = max(pool, key=lambda o: (o.decode_tps, o.variant.bits_per_weight))
     return best, (
         f"No variant is predicted to reach {floor:g} tok/s; {_name(best)} is the fastest "
         f"({best.decode_tps:.1f} tok/s)."
+    )
+
+
+def _quality_note(best: VariantOutcome, pool: Sequence[VariantOutcome]) -> str:
+    """What the chosen variant does to the answers, or how to measure it."""
+    variant = best.variant
+    if best.quality is not None:
+        if best.quality.source == "reference":
+            return f"{variant.label} is the reference: the model's most precise file."
+        reference = next(
+            (o.variant.label for o in pool if o.quality and o.quality.source == "reference"),
+            "the reference",
+        )
+        return f"{variant.label} vs {reference}: {quality_words(best.quality)}."
+    if variant.model_id:
+        how = f"`hearthside quality {variant.model_id} --variants {variant.label}` measures it"
+    elif variant.made_from:
+        how = (
+            f"make it with `hearthside models quantize {variant.made_from} {variant.label}`, "
+            f"then `hearthside quality {variant.made_from} --variants {variant.label}` measures it"
+        )
+    else:
+        how = "`hearthside quality` measures an installed variant"
+    return f"{variant.label}: quality not measured ({how})."
+
+
+def _passed_over(best: VariantOutcome, pool: Sequence[VariantOutcome]) -> list[str]:
+    """Each faster variant whose measured quality kept it from being chosen."""
+    faster = sorted(
+        (o for o in pool if o is not best and o.quality and o.decode_tps > best.decode_tps),
+        key=lambda o: o.decode_tps,
+        reverse=True,
+    )
+    return [_passed_over_text(o, best) for o in faster]
+
+
+def _passed_over_text(outcome: VariantOutcome, best: VariantOutcome) -> str:
+    assert outcome.quality is not None
+    ratio = outcome.decode_tps / best.decode_tps if best.decode_tps else float("inf")
+    differ = " — answers noticeably differ" if outcome.quality.mean_kld > KLD_BUDGET else ""
+    return (
+        f"{outcome.variant.label}: {ratio:.2f}× faster, KLD "
+        f"{kld_text(outcome.quality.mean_kld)}{differ}; not chosen."
     )
 
 

@@ -114,9 +114,14 @@ class QualityRecord:
     perplexity: float
     reference_perplexity: float
     created_at: str = ""
+    # the reference's `general.architecture` (e.g. "gemma3"): its family, whose other models
+    # take a KV type's measured figure as their prior; "" where a row predates the column
+    architecture: str = ""
 
 
 QUALITY_COLUMNS = tuple(QualityRecord.__dataclass_fields__)
+# Columns an older export may lack, and what they then hold.
+QUALITY_OPTIONAL = {"architecture": ""}
 
 
 @dataclass(frozen=True)
@@ -286,16 +291,22 @@ def _add_quality(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_quality_architecture(conn: sqlite3.Connection) -> None:
+    """Schema 6: each quality row names its reference's architecture (the model family)."""
+    conn.execute("ALTER TABLE quality ADD COLUMN architecture TEXT NOT NULL DEFAULT ''")
+
+
 WISDOM = DatabaseKind(
     label="the autotune database (wisdom.db)",
     file_name="wisdom.db",
-    schema_version=5,
+    schema_version=6,
     migrations={
         0: _create_schema_v1,
         1: _add_capacity_audits,
         2: _allow_crashed_runs,
         3: _add_type_costs,
         4: _add_quality,
+        5: _add_quality_architecture,
     },
     error=WisdomError,
 )
@@ -569,6 +580,29 @@ class WisdomDB:
         )
         return [QualityRecord(**dict(row)) for row in rows]
 
+    def kv_measurements(self, architecture: str) -> list[QualityRecord]:
+        """Every KV-cache type measured on a file of `architecture` against that file itself
+        with an f16 KV cache (what a KV type alone does to the answers), most tokens first."""
+        rows = self._all(
+            "SELECT * FROM quality WHERE architecture = ? AND architecture != '' "
+            "AND candidate_model = reference_model AND kv_type != 'f16' "
+            "ORDER BY n_tokens DESC, created_at DESC",
+            (architecture,),
+        )
+        return [QualityRecord(**dict(row)) for row in rows]
+
+    def note_quality_architecture(self, reference_model: str, architecture: str) -> None:
+        """Name the family of the rows measured against `reference_model` before rows had
+        one (schema 6), now that a caller has read it from the file."""
+        if not architecture:
+            return
+        with self._writing():
+            self._conn.execute(
+                "UPDATE quality SET architecture = ? WHERE reference_model = ? "
+                "AND architecture = ''",
+                (architecture, reference_model),
+            )
+
     # ---- recipes -----------------------------------------------------------------------
 
     def load_recipes(self, recipes: Iterable[Recipe]) -> int:
@@ -690,8 +724,11 @@ def _check_export(document: Mapping[str, Any]) -> None:
 
 
 def _quality_item(item: Mapping[str, Any]) -> dict[str, Any]:
-    """An imported quality row through its record type: known columns only, all present."""
-    return asdict(QualityRecord(**{name: item[name] for name in QUALITY_COLUMNS}))
+    """An imported quality row through its record type: known columns only, all present but
+    those an older export lacks (`QUALITY_OPTIONAL`)."""
+    values = {**QUALITY_OPTIONAL, **{k: v for k, v in item.items() if k in QUALITY_OPTIONAL}}
+    values.update({name: item[name] for name in QUALITY_COLUMNS if name not in QUALITY_OPTIONAL})
+    return asdict(QualityRecord(**values))
 
 
 def _tunable(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ torch only loads when a kernel needs it):
 
     from hearthside.kernels import CalibrationReport, Measurement, run_calibration
     report = run_calibration(quick=True)
-    save_calibration(report); load_calibration()
+    export_calibration(report, path); read_calibration_file(path)
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ _EXPORTS = {
     "Measurement": "hearthside.kernels.measurement",
     "CalibrationReport": "hearthside.kernels.results",
     "CalibrationError": "hearthside.kernels.results",
-    "save_calibration": "hearthside.kernels.results",
-    "load_calibration": "hearthside.kernels.results",
+    "export_calibration": "hearthside.kernels.results",
+    "read_calibration_file": "hearthside.kernels.results",
     "run_calibration": "hearthside.kernels.calibrate",
 }
 __all__ = sorted(_EXPORTS)

@@ -1,9 +1,10 @@
-"""`CalibrationReport`: every measurement of one calibration run, and where it is kept.
+"""`CalibrationReport`: every measurement of one calibration run, and its JSON file form.
 
 The report is frozen data with a JSON round-trip (`schema` versioned, like the hardware
-profile). Until the autotune database takes them over, reports live in one file in the data
-dir, `calibration.json` (mode 0600, replaced atomically); `save_calibration` and
-`load_calibration` are the only code that knows that.
+profile). The autotune database keeps them (`autotune/calibration.py`, under the machine's
+fingerprint); a JSON file is only an export (`hearthside calibrate --export FILE`) or the
+`calibration.json` that Hearthside kept in the data folder before the database did, which is
+imported once (`LEGACY_FILE_NAME`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from hearthside.core.errors import HearthsideError
-from hearthside.core.paths import data_dir, make_private_file
+from hearthside.core.paths import make_private_file
 from hearthside.core.serialize import from_jsonable, to_jsonable
 from hearthside.kernels.measurement import Measurement
 
 SCHEMA_VERSION = 1
-CALIBRATION_FILE_NAME = "calibration.json"
+# Where reports lived before the autotune database took them over; read only to import them.
+LEGACY_FILE_NAME = "calibration.json"
 _RECALIBRATE_HINT = "Run `hearthside calibrate` to measure this machine again."
 
 
@@ -84,13 +86,13 @@ class CalibrationReport:
         return max(matches, key=lambda m: m.value, default=None)
 
 
-def calibration_path(home: str | os.PathLike[str] | None = None) -> Path:
-    return data_dir(home) / CALIBRATION_FILE_NAME
+def legacy_calibration_path(folder: Path) -> Path:
+    """The old `calibration.json` in a data folder."""
+    return folder / LEGACY_FILE_NAME
 
 
-def save_calibration(report: CalibrationReport, home: str | os.PathLike[str] | None = None) -> Path:
-    """Store `report` as the machine's calibration, replacing the previous one."""
-    path = calibration_path(home)
+def export_calibration(report: CalibrationReport, path: Path) -> Path:
+    """Write `report` to `path` as JSON (mode 0600, replaced atomically)."""
     partial = path.with_name(path.name + ".part")
     make_private_file(partial)
     with partial.open("w", encoding="utf-8") as stream:
@@ -101,20 +103,20 @@ def save_calibration(report: CalibrationReport, home: str | os.PathLike[str] | N
     return path
 
 
-def load_calibration(home: str | os.PathLike[str] | None = None) -> CalibrationReport | None:
-    """The stored calibration, or None when this machine was never calibrated."""
-    path = calibration_path(home)
+def read_calibration_file(path: Path) -> CalibrationReport | None:
+    """The report in a JSON file, or None when there is no such file."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     except OSError as error:
         raise CalibrationError(
-            f"The stored calibration cannot be read ({error.strerror}).", hint=_RECALIBRATE_HINT
+            f"The calibration in {path.name} cannot be read ({error.strerror}).",
+            hint=_RECALIBRATE_HINT,
         ) from error
     try:
         return CalibrationReport.from_json(text)
     except (ValueError, KeyError, TypeError) as error:
         raise CalibrationError(
-            "The stored calibration is damaged.", hint=_RECALIBRATE_HINT
+            f"The calibration in {path.name} is damaged.", hint=_RECALIBRATE_HINT
         ) from error

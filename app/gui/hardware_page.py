@@ -2,8 +2,10 @@
 the probe's advice, with a button for each fix Hearthside can run itself.
 
 The probe runs in a child process (`probe_in_subprocess`) on a worker thread, so a hanging
-driver neither freezes nor crashes the window. A fix runs as a `hearthside ...` command in a
-QProcess after the user confirms it; its output streams into a log box on the page.
+driver neither freezes nor crashes the window; the calibration is read from the autotune DB
+on a worker thread too (another Hearthside may hold its lock for a moment). A fix runs as a
+`hearthside ...` command in a QProcess after the user confirms it; its output streams into a
+log box on the page.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from PySide6.QtWidgets import (
 
 from hearthside.app.gui.labels import make_label as _label
 from hearthside.app.gui.workers import run_in_background
-from hearthside.core.errors import HearthsideError
+from hearthside.autotune.calibration import latest_report
+from hearthside.autotune.wisdom import WisdomDB
+from hearthside.core.errors import HearthsideError, describe_error
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.engine_build import GpuTarget, choose_build
 from hearthside.core.probe.engine_ladder import library_identity, read_record, record_rows
@@ -45,10 +49,10 @@ from hearthside.core.probe.profile import (
 )
 from hearthside.core.probe.runner import probe_in_subprocess
 from hearthside.kernels.measurement import Measurement
-from hearthside.kernels.results import load_calibration
 
 GIB = 1024**3
 NOT_CALIBRATED = "Not calibrated yet — run `hearthside calibrate` to measure this machine."
+READING_CALIBRATION = "Reading this machine's calibration…"
 BACKEND_NAMES = {
     "cuda": "CUDA",
     "hip": "ROCm/HIP",
@@ -235,10 +239,12 @@ class CalibrationView:
     notes: tuple[str, ...] = ()
 
 
-def calibration_view(home: Path) -> CalibrationView:
+def calibration_view(profile: HardwareProfile) -> CalibrationView:
+    """This machine's latest calibration in the autotune DB; blocking (a worker thread)."""
     try:
-        report = load_calibration(home)
-    except HearthsideError as exc:  # a damaged or too-new file
+        with WisdomDB() as wisdom:
+            report = latest_report(profile, wisdom)
+    except HearthsideError as exc:  # a locked or damaged DB, a report from a newer version
         return CalibrationView(notes=(exc.user_text(),))
     if report is None:
         return CalibrationView(notes=(NOT_CALIBRATED,))
@@ -268,14 +274,44 @@ def measurement_row(measurement: Measurement) -> Row:
 
 def _card(title: str, rows: Sequence[Row] = ()) -> tuple[QFrame, QVBoxLayout]:
     card = QFrame()
+    layout = _card_layout(card, title)
+    if rows:
+        layout.addLayout(_form(rows))
+    return card, layout
+
+
+def _card_layout(card: QFrame, title: str) -> QVBoxLayout:
     card.setObjectName("card")
     layout = QVBoxLayout(card)
     layout.setContentsMargins(16, 12, 16, 14)
     layout.setSpacing(8)
     layout.addWidget(_label(title, "cardTitle"))
-    if rows:
-        layout.addLayout(_form(rows))
-    return card, layout
+    return layout
+
+
+class CalibrationCard(QFrame):
+    """The Calibration card: "Reading…" until `calibration_view` returns from a worker."""
+
+    def __init__(self, profile: HardwareProfile) -> None:
+        super().__init__()
+        self._layout = _card_layout(self, "Calibration")
+        self.status = _label(READING_CALIBRATION, "muted")
+        self._layout.addWidget(self.status)
+        self.loaded = False
+        run_in_background(lambda: calibration_view(profile), self.show_view, self.show_error)
+
+    def show_view(self, view: CalibrationView) -> None:
+        self.status.clear()
+        self.status.hide()
+        if view.rows:
+            self._layout.addLayout(_form(view.rows))
+        for note in view.notes:
+            self._layout.addWidget(_label(note, "muted"))
+        self.loaded = True
+
+    def show_error(self, error: BaseException) -> None:
+        self.status.setText(describe_error(error))
+        self.loaded = True
 
 
 def _form(rows: Sequence[Row]) -> QFormLayout:
@@ -302,6 +338,7 @@ class HardwarePage(QWidget):
         self._probe_command = list(probe_command) if probe_command is not None else None
         self._probing = False
         self.profile: HardwareProfile | None = None
+        self.calibration_card: CalibrationCard | None = None
         self.fix_buttons: list[QPushButton] = []
         self.process: QProcess | None = None
         self.setStyleSheet(STYLE)
@@ -429,7 +466,8 @@ class HardwarePage(QWidget):
         layout.addLayout(columns)
         for card in self._problem_cards(profile):
             layout.addWidget(card)
-        layout.addWidget(self._calibration_card())
+        self.calibration_card = CalibrationCard(profile)
+        layout.addWidget(self.calibration_card)
         layout.addStretch(1)
         return content
 
@@ -491,13 +529,6 @@ class HardwarePage(QWidget):
             self.fix_buttons.append(button)
             row.addWidget(button, 0, Qt.AlignmentFlag.AlignVCenter)
         return item
-
-    def _calibration_card(self) -> QFrame:
-        view = calibration_view(data_dir())
-        card, layout = _card("Calibration", view.rows)
-        for note in view.notes:
-            layout.addWidget(_label(note, "muted"))
-        return card
 
     # -- running a fix --
 

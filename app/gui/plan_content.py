@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hearthside.app.gui.memory_bar import human_bytes
 from hearthside.autotune.calibration import calibration_for
+from hearthside.autotune.family_quality import kv_priors, kv_priors_for_file
 from hearthside.autotune.fingerprint import tuning_key
+from hearthside.autotune.goals import RunQuality, kv_prior, kv_quality_text
 from hearthside.autotune.memory import CPU
 from hearthside.autotune.planner import (
     DEFAULT_FREE_MARGIN_BYTES,
@@ -130,6 +132,7 @@ class PlanView:
     model_file: Path | None  # None for a what-if (catalog) model: nothing to load
     measured: MeasuredSpeed | None
     speculation: tuple[StoredSpeculation, ...] = ()  # what tuning chose per kind of prompt
+    kv_quality: RunQuality | None = None  # what the plan's KV cache does to the answers
 
     @property
     def what_if(self) -> bool:
@@ -169,6 +172,7 @@ def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
     with WisdomDB() as wisdom:
         # This machine's calibration and measurements say nothing about what-if hardware.
         calibration = calibration_for(profile, wisdom) if this_machine else {}
+        priors = _kv_priors(wisdom, spec, model_file)
         result = plan(
             spec,
             profile,
@@ -177,6 +181,7 @@ def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
             free_margin_bytes=request.free_margin_bytes,
             calibration=calibration or None,
             n_parallel=request.n_parallel,
+            kv_priors=priors,
         )
         measured: MeasuredSpeed | None = None
         speculation: tuple[StoredSpeculation, ...] = ()
@@ -185,7 +190,18 @@ def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
             from hearthside.autotune.tuner import stored_speculation  # loads the engine: here only
 
             speculation = stored_speculation(wisdom, tuning_key(profile, model_file))
-    return PlanView(request, result, spec, calibration, model_file, measured, speculation)
+    kv_quality = kv_prior(result.config.type_k, priors)
+    return PlanView(
+        request, result, spec, calibration, model_file, measured, speculation, kv_quality
+    )
+
+
+def _kv_priors(wisdom: WisdomDB, spec: ModelSpec, model_file: Path | None) -> dict[str, RunQuality]:
+    """The KV types' quality measured on this model, else on its family (a what-if model has
+    only its family's); a quality belongs to the model, not the hardware."""
+    if model_file is not None and model_file.is_file():
+        return kv_priors_for_file(wisdom, model_file)
+    return kv_priors(wisdom, spec.architecture)
 
 
 def model_file_of(ref: str) -> Path | None:
@@ -406,6 +422,16 @@ def measured_note(view: PlanView) -> str:
     if measured.same_settings:
         return f"Measured with these settings ({measured.rigor}); {runs} of this model here."
     return f"Best measured settings so far ({measured.rigor}); {runs} of this model here."
+
+
+def quality_note(view: PlanView) -> str:
+    """What the plan's KV cache does to the answers, and where that figure comes from."""
+    kv_type = view.plan.config.type_k
+    quality = view.kv_quality
+    if kv_type == "f16" or quality is None:
+        return "Quality: an f16 KV cache, as the reference."
+    until = "" if quality.measured else " “Optimize for my hardware” measures it on this model."
+    return f"Quality: {kv_quality_text(kv_type, quality)}.{until}"
 
 
 def confidence_text(view: PlanView) -> str:

@@ -70,6 +70,7 @@ from hearthside.app.gui.plan_content import (
     measured_note,
     needs_recipe,
     override_summary,
+    quality_note,
     setting_rows,
     speculation_rows,
     speed_rows,
@@ -570,6 +571,8 @@ class PlanPage(QWidget):
             (bound + " " if bound else "")
             + "First token: after a 512-token prompt. "
             + measured_note(view)
+            + " "
+            + quality_note(view)
         )
 
     def _show_settings(self, plan_: Plan, speculation: Sequence[StoredSpeculation]) -> None:

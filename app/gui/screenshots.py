@@ -175,7 +175,14 @@ def render_hardware_page(outdir: Path) -> Path:
 
     page = HardwarePage()
     page.show_profile(sample_profile())
+    wait_for_calibration_card(page)
     return save(page, outdir / "hardware_page.png", PAGE_SIZE)
+
+
+def wait_for_calibration_card(page: Any) -> None:
+    """The card reads the database on a worker: show what it read, not "Reading…"."""
+    card = page.calibration_card
+    wait_until(lambda: card is None or card.loaded, START_TIMEOUT_S)
 
 
 def sample_cuda_profile() -> HardwareProfile:
@@ -318,6 +325,7 @@ def render_main_window(outdir: Path, service: EngineService) -> list[Path]:
         wait_until(lambda: window.api_switch.running, START_TIMEOUT_S)
         written = [save(window, outdir / "main_window.png", WINDOW_SIZE)]
         window.show_page(module.HARDWARE_PAGE)
+        wait_for_calibration_card(window.hardware_page)
         written.append(save(window, outdir / "main_window_hardware.png", WINDOW_SIZE))
         window.show()  # `save` hid it
         window.show_page(module.PLAN_PAGE)

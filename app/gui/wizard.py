@@ -10,8 +10,10 @@
    planner says fit here (those cannot be measured: they get a plan only); the time budget.
 3. Measuring: the tuner on the chosen model, live, with a chart of its candidates.
 4. Result: the chosen settings beside llama.cpp's own defaults, the measured speed-up, the
-   reasons and the context check. Apply stores them as the model's default on this machine and
-   emits `applied` so the window can reload the chat engine with them.
+   reasons and the context check. Apply stores them as the model's default on this machine on a
+   worker thread (another Hearthside may hold the DB's lock for seconds), then emits `applied`
+   so the window can reload the chat engine with them, and closes; a failure is said on the
+   page, which stays open to try again.
 
 The engine question: the tuner loads engines of its own, and two engines decoding at once on
 a small machine would spoil both the chat and the measurements. So the whole measurement runs
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -806,6 +807,14 @@ class ResultPage(QWizardPage):
         layout.addWidget(self.audit)
         self.note = _label("", "muted")
         layout.addWidget(self.note)
+        self.applying_bar = QProgressBar()
+        self.applying_bar.setRange(0, 0)  # busy: one write, nothing to count
+        self.applying_bar.setAccessibleName("Saving the settings")
+        self.applying_bar.hide()
+        layout.addWidget(self.applying_bar)
+        self.error = _label("", "error")
+        self.error.hide()
+        layout.addWidget(self.error)
         self.models_button = QPushButton("Open the &Models page")
         self.models_button.clicked.connect(self._open_models_page)
         self.models_button.hide()
@@ -817,6 +826,7 @@ class ResultPage(QWizardPage):
         wizard = self._wizard
         self.plan = None
         self.models_button.hide()
+        self.error.hide()
         if wizard.tune_result is not None:
             self.show_measured(wizard.tune_result)
         elif wizard.choice is not None and wizard.choice.installed:
@@ -908,6 +918,26 @@ class ResultPage(QWizardPage):
     def validatePage(self) -> bool:  # noqa: N802 (Qt's name): Finish
         return self._wizard.apply()
 
+    def isComplete(self) -> bool:  # noqa: N802 (Qt's name): no second Apply while saving
+        return not self._wizard.applying
+
+    def show_applying(self, applying: bool) -> None:
+        """While Apply saves: a busy bar, and no way to leave the page half-saved."""
+        self.applying_bar.setVisible(applying)
+        if applying:
+            self.error.hide()
+            self.note.setText("Saving the settings…")
+        self.completeChanged.emit()  # first: the wizard then resets Back, which comes next
+        for button in (QWizard.WizardButton.BackButton, QWizard.WizardButton.CancelButton):
+            self._wizard.button(button).setEnabled(not applying)
+
+    def show_apply_failure(self, error: BaseException) -> None:
+        self.note.setText("")
+        self.error.setText(
+            f"Could not save the settings. {describe_error(error)} Press Apply to retry."
+        )
+        self.error.show()
+
 
 def _reasons_html(reasons: Sequence[Reason]) -> str:
     items = "".join(
@@ -953,6 +983,8 @@ class OptimizeWizard(QWizard):
         self.choice: ModelChoice | None = None
         self.tune_result: TuneResult | None = None
         self.applied_tuning: AppliedTuning | None = None
+        self.applying = False  # Apply is saving on a worker thread
+        self._apply_saved = False
         self._surveying = False
         self._close_when_stopped = False
         self.found_page = FoundPage(self)
@@ -1065,7 +1097,10 @@ class OptimizeWizard(QWizard):
             self.measure_page.stop()
 
     def reject(self) -> None:
-        """Close; a running measurement is stopped first, and the wizard closes once it has."""
+        """Close; a running measurement is stopped first, and the wizard closes once it has.
+        While Apply saves, Esc waits for it: the page closes itself when it is saved."""
+        if self.applying:
+            return
         if self.runner.started:
             self._close_when_stopped = True
             self.measure_page.stop()
@@ -1086,19 +1121,35 @@ class OptimizeWizard(QWizard):
             self.setButtonText(QWizard.WizardButton.CancelButton, "Close")
 
     def apply(self) -> bool:
-        """Store the winner as the model's default and tell the window; False keeps the page."""
+        """Finish: start saving the winner (off the GUI thread) and keep the page; once it is
+        saved, `_applied` closes the wizard, and this says yes."""
         result, choice = self.tune_result, self.choice
+        if self._apply_saved:
+            return True
         if result is None or result.best is None or choice is None or choice.path is None:
             return True  # nothing to apply: Finish just closes
-        try:
-            apply_tuning(result)
-        except (HearthsideError, sqlite3.Error) as exc:
-            self.result_page.note.setText("Could not save the settings. " + describe_error(exc))
-            return False
+        if not self.applying:
+            self.applying = True
+            self.result_page.show_applying(True)
+            run_in_background(lambda: apply_tuning(result), self._applied, self._apply_failed)
+        return False
+
+    def _applied(self, _saved: None) -> None:
+        result, choice = self.tune_result, self.choice
+        assert result is not None and result.best is not None
+        assert choice is not None and choice.path is not None
+        self.applying = False
+        self.result_page.show_applying(False)
         config = EngineConfig.from_dict({**result.best.config, "model_path": str(choice.path)})
         self.applied_tuning = AppliedTuning(choice.ref, choice.name, config, result.speedup)
         self.applied.emit(self.applied_tuning)
-        return True
+        self._apply_saved = True
+        self.accept()  # validates the page again: apply() now says yes
+
+    def _apply_failed(self, error: BaseException) -> None:
+        self.applying = False
+        self.result_page.show_applying(False)
+        self.result_page.show_apply_failure(error)
 
 
 def _profile_from(source: ProfileSource) -> HardwareProfile:

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, overload
 
+from hearthside.core.engine.cancel import CancelEvent
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, TextCallback
 from hearthside.core.engine.load_retry import load_retrying
@@ -70,7 +71,7 @@ class Job(Generic[T]):
 
     run: Callable[[LoadedEngine | None, threading.Event], T]
     description: str = "job"
-    cancel_event: threading.Event = field(default_factory=threading.Event)
+    cancel_event: threading.Event = field(default_factory=CancelEvent)
     future: Future[T] = field(default_factory=Future)
     shared: bool = False
 

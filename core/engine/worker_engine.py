@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
+from hearthside.core.engine.cancel import CancelEvent
 from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, TextCallback
 from hearthside.core.engine.load_report import LoadReport
@@ -41,7 +42,8 @@ from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("hearthside.llama_cpp")
 T = TypeVar("T")
-CANCEL_POLL_S = 0.02  # how often a waiting call looks at its cancel event
+CANCEL_POLL_S = 0.02  # how often a waiting call looks at a plain (not a CancelEvent) cancel event
+_CANCELLED = ("cancelled",)  # put among a call's answers when its CancelEvent is set
 CLOSE_TIMEOUT_S = 10.0
 NATIVE_LINES_KEPT = 40
 NATIVE_LINES_SHOWN = 8
@@ -323,20 +325,32 @@ class WorkerEngine:
             self._pipe.send(message)
 
     def _wait(self, request_id: int, call: _Call, cancel: threading.Event | None) -> Any:
+        """The call's answer. A cancel is passed on to the worker once: told at once by a
+        `CancelEvent`, found by polling a plain event."""
+        forget = None
+        if isinstance(cancel, CancelEvent):
+            forget = cancel.when_set(lambda: call.answers.put(_CANCELLED))
+        poll_s = CANCEL_POLL_S if cancel is not None and forget is None else None
         cancel_sent = False
-        while True:
-            try:
-                answer = call.answers.get(timeout=CANCEL_POLL_S if cancel is not None else None)
-            except queue.Empty:
-                if cancel is not None and cancel.is_set() and not cancel_sent:
-                    cancel_sent = True
-                    self._send_quietly(("cancel", request_id))
-                continue
-            if call.text_error is not None:
-                raise call.text_error
-            if answer[0] == "result":
-                return answer[1]
-            raise answer[1]
+        try:
+            while True:
+                try:
+                    answer = call.answers.get(timeout=poll_s)
+                except queue.Empty:
+                    answer = _CANCELLED if cancel is not None and cancel.is_set() else None
+                if answer is None or answer is _CANCELLED:
+                    if answer is _CANCELLED and not cancel_sent:
+                        cancel_sent = True
+                        self._send_quietly(("cancel", request_id))
+                    continue
+                if call.text_error is not None:
+                    raise call.text_error
+                if answer[0] == "result":
+                    return answer[1]
+                raise answer[1]
+        finally:
+            if forget is not None:
+                forget()
 
     # ---- the reading threads ---------------------------------------------------------
 

@@ -1,8 +1,11 @@
-"""`hearthside calibrate` as a user runs it: JSON on stdout that round-trips and is stored."""
+"""`hearthside calibrate` as a user runs it: progress on the terminal, JSON on stdout that
+round-trips, the report stored in the autotune DB, and a JSON file only when asked."""
 
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -11,33 +14,68 @@ import pytest
 
 from hearthside.app.calibrate_cli import describe, describe_params
 from hearthside.app.cli import main
+from hearthside.autotune.calibration import latest_report
+from hearthside.autotune.wisdom import WisdomDB, default_wisdom_path
+from hearthside.core.paths import data_dir
+from hearthside.core.probe.runner import probe_hardware
 from hearthside.kernels.calibrate import DEFAULT_BUDGET_S
-from hearthside.kernels.results import CALIBRATION_FILE_NAME, CalibrationReport, load_calibration
+from hearthside.kernels.results import LEGACY_FILE_NAME, CalibrationReport
 from tests.kernels.reports import cpu_measurements, h200_machine, measured, report_with
 
 CLI = [sys.executable, "-m", "hearthside.app.cli"]
 
 
-def test_quick_json_is_only_the_report_and_is_saved(
-    default_model_file: Path, hearthside_home: Path
+def on_a_terminal(arguments: list[str], stdout_file: Path) -> tuple[int, str]:
+    """Run the CLI with stderr on a pseudo-terminal, as in a person's shell: its exit code
+    and what the terminal showed (stdout goes to `stdout_file`)."""
+    main_end, child_end = pty.openpty()
+    with stdout_file.open("w") as stdout:
+        process = subprocess.Popen([*CLI, *arguments], stdout=stdout, stderr=child_end)
+    os.close(child_end)
+    shown = bytearray()
+    while True:
+        try:
+            chunk = os.read(main_end, 4096)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main_end)
+    return process.wait(timeout=120), shown.decode(errors="replace")
+
+
+def test_quick_json_is_only_the_report_stored_in_the_db_and_exported_when_asked(
+    default_model_file: Path, tmp_path: Path
 ) -> None:
-    result = subprocess.run(
-        [*CLI, "calibrate", "--json", "--quick", "--model", str(default_model_file)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)  # stdout holds the JSON and nothing else
+    export = tmp_path / "calib.json"
+    arguments = ["calibrate", "--json", "--quick", "--model", str(default_model_file)]
+    code, terminal = on_a_terminal([*arguments, "--export", str(export)], tmp_path / "out")
+    assert code == 0, terminal
+    data = json.loads((tmp_path / "out").read_text())  # stdout holds the JSON and nothing else
     report = CalibrationReport.from_dict(data)
     assert report.to_dict() == data
     # --quick is far shorter than a whole calibration, even on a busy machine
     assert report.duration_s < DEFAULT_BUDGET_S
-    assert load_calibration() == report
-    assert (hearthside_home / CALIBRATION_FILE_NAME).is_file()
-    assert f"Saved to {hearthside_home / CALIBRATION_FILE_NAME}" in result.stderr
+    # the progress line follows the flow's events, kernel by kernel, to the stored report
+    assert "Calibrating:   0% memory" in terminal and "Calibrating: 100% stored" in terminal
+    assert f"Stored in the autotune database ({default_wisdom_path()})" in terminal
+    assert f"Exported to {export}" in terminal
+    assert CalibrationReport.from_json(export.read_text()) == report
+    with WisdomDB() as wisdom:  # where the planner, the wizard and the Hardware page read it
+        assert latest_report(probe_hardware(), wisdom) == report
+    assert not (data_dir() / LEGACY_FILE_NAME).exists()
     kinds = {m.kind for m in report.measurements if m.ok}
     assert {"memory_read", "engine_prefill", "engine_decode"} <= kinds
+
+
+def test_an_export_to_a_missing_folder_is_refused_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["calibrate", "--export", str(tmp_path / "nowhere" / "calib.json")]) == 2
+    assert f"error: There is no folder {tmp_path / 'nowhere'}" in capsys.readouterr().err
+    with WisdomDB() as wisdom:
+        assert wisdom.export()["calibrations"] == []  # nothing was measured
 
 
 def test_the_table_shows_values_specs_and_what_was_not_measured() -> None:

@@ -9,17 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from hearthside.autotune.calibration import calibration_for, planner_figures, store_calibration
+from hearthside.autotune.calibration import (
+    calibration_for,
+    latest_report,
+    planner_figures,
+    store_calibration,
+)
 from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.memory import pieces_from_gguf
 from hearthside.autotune.planner import Plan, evaluate_config, plan
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import spec_from_gguf
+from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_hardware
+from hearthside.kernels.calibrate import summarize_machine
 from hearthside.kernels.measurement import Measurement
-from hearthside.kernels.results import CalibrationReport
+from hearthside.kernels.results import CalibrationReport, export_calibration
 
 GB = 1e9
 
@@ -295,3 +302,42 @@ def recorded_profile() -> HardwareProfile:
     profile = probe_hardware()
     cores = {"physical_cores": machine["physical_cores"], "logical_cores": machine["logical_cores"]}
     return replace(profile, cpu=replace(profile.cpu, performance_cores=None, **cores))
+
+
+# ---- the old calibration.json: imported once into the DB, the one place it is kept now -------
+
+
+def this_machines_report(created_at: str = "2026-05-04T10:20:30+00:00") -> CalibrationReport:
+    """A report as an older Hearthside left it in the data folder, measured here."""
+    machine = summarize_machine(probe_hardware(), torch_version=None)
+    return replace(report(), machine=machine, created_at=created_at)
+
+
+def test_an_old_calibration_json_is_imported_once_and_left_as_it_was() -> None:
+    profile = probe_hardware()
+    legacy = export_calibration(this_machines_report(), data_dir() / "calibration.json")
+    before = legacy.read_bytes()
+    with WisdomDB() as wisdom:
+        assert calibration_for(profile, wisdom)["cpu_read_bytes_per_s"] == 20 * GB
+        key = tuning_key(profile, legacy)  # the machine and engine parts are what count
+        wisdom.learn_efficiency(key.machine, key.engine, "cpu", "decode", 1.2)
+        again = calibration_for(profile, wisdom)  # imported once: storing again would forget
+        assert again["cpu_read_bytes_per_s"] == 20 * GB and again["learned_decode:cpu"] == 1.2
+        assert len(wisdom.export()["calibrations"]) == 1
+        assert latest_report(profile, wisdom) == this_machines_report()
+        newer = replace(report(), created_at="2026-12-01T00:00:00+00:00")
+        store_calibration(newer, profile, wisdom)  # `hearthside calibrate` later on
+        assert latest_report(profile, wisdom) == newer
+    assert legacy.read_bytes() == before
+
+
+def test_an_old_calibration_json_of_other_hardware_or_damaged_is_not_imported() -> None:
+    profile = probe_hardware()
+    other = this_machines_report()
+    other = replace(other, machine={**other.machine, "logical_cores": 256})
+    legacy = export_calibration(other, data_dir() / "calibration.json")
+    with WisdomDB() as wisdom:
+        assert calibration_for(profile, wisdom) == {}
+        legacy.write_text('{"schema": 1, "measurements": [')
+        assert latest_report(profile, wisdom) is None  # logged, not raised: the DB decides
+        assert wisdom.export()["calibrations"] == []

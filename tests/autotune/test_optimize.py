@@ -10,18 +10,27 @@ from pathlib import Path
 import pytest
 
 from hearthside.autotune import tuner
+from hearthside.autotune.calibration import calibration_for, latest_report
+from hearthside.autotune.goals import RunQuality
 from hearthside.autotune.optimize import (
+    CalibrationRequest,
     MeasureRequest,
     MeasureUpdate,
+    calibrate,
     measure,
     measured_reasons,
+    quality_text,
     recorded_run,
     settings_rows,
     verdict,
 )
+from hearthside.autotune.tune_quality import KvQuality
 from hearthside.autotune.tuner import TuneResult
+from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.errors import ModelFileError
+from hearthside.core.paths import data_dir
 from hearthside.core.probe.runner import probe_hardware
+from hearthside.kernels.results import LEGACY_FILE_NAME
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
 
@@ -103,3 +112,35 @@ def test_a_missing_model_file_fails_before_anything_runs(tmp_path: Path) -> None
     with pytest.raises(ModelFileError, match="missing"):
         measure(request, threading.Event(), updates.append)
     assert [update.kind for update in updates] == ["started"]
+
+
+def test_a_calibration_request_reports_each_kernel_and_keeps_the_report_in_the_db_only(
+    default_model_file: Path,
+) -> None:
+    """What `hearthside calibrate` and the wizard's "Calibrate first" both run."""
+    profile = probe_hardware()
+    request = CalibrationRequest(profile, default_model_file, budget_s=4.0, quick=True)
+    updates: list[MeasureUpdate] = []
+    report = calibrate(request, updates.append)
+    kinds = [update.kind for update in updates]
+    assert kinds[-1] == "calibrated" and set(kinds[:-1]) == {"calibrating"}
+    fractions = [update.fraction or 0.0 for update in updates[:-1]]
+    assert fractions == sorted(fractions) and fractions[0] >= 0.0 and fractions[-1] <= 1.0
+    assert any("memory" in update.text for update in updates)  # each kernel is named
+    with WisdomDB() as db:
+        assert latest_report(profile, db) == report
+        assert calibration_for(profile, db)["cpu_read_bytes_per_s"] > 0  # the planner sees it
+    assert not (data_dir() / LEGACY_FILE_NAME).exists()  # a JSON file only when exported
+
+
+def test_a_family_figure_never_reads_as_measured_on_this_model() -> None:
+    result = recorded_run().result
+    assert result.best is not None
+    q4_0 = replace(result.best, config={**result.best.config, "type_k": "q4_0"}, id=None)
+    family = RunQuality(0.3, "family", 0.8, measured_on="gemma-3-270m", family="gemma3")
+    result = replace(
+        result, runs=(*result.runs, q4_0), quality=KvQuality("ref", {}, priors={"q4_0": family})
+    )
+    assert quality_text(result, q4_0) == "KLD ~0.300 (gemma3 family)"
+    prior_only = replace(result, quality=KvQuality("ref", {}))
+    assert quality_text(prior_only, q4_0).endswith("(not measured yet)")

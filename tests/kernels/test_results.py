@@ -1,4 +1,5 @@
-"""CalibrationReport: JSON round-trip, `best`, and its one file in the data dir."""
+"""CalibrationReport: JSON round-trip, `best`, and its JSON file (an export, or the old
+`calibration.json` read to import it)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from hearthside.kernels.results import (
-    CALIBRATION_FILE_NAME,
     CalibrationError,
     CalibrationReport,
-    load_calibration,
-    save_calibration,
+    export_calibration,
+    read_calibration_file,
 )
 from tests.kernels.reports import cpu_measurements, h200_machine, report_with
 
@@ -45,27 +45,27 @@ def test_best_is_the_highest_successful_figure_matching_the_params(
     assert disk is not None and disk.value == 1.5
 
 
-def test_saved_report_is_private_and_loads_back(
-    report: CalibrationReport, hearthside_home: Path
+def test_an_exported_report_is_private_and_reads_back(
+    report: CalibrationReport, tmp_path: Path
 ) -> None:
-    assert load_calibration() is None  # never calibrated
-    path = save_calibration(report)
-    assert path == hearthside_home / CALIBRATION_FILE_NAME
+    path = tmp_path / "calib.json"
+    assert read_calibration_file(path) is None  # nothing exported yet
+    assert export_calibration(report, path) == path
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert load_calibration() == report
-    assert not list(hearthside_home.glob("*.part"))
+    assert read_calibration_file(path) == report
+    assert not list(tmp_path.glob("*.part"))
 
 
-def test_a_newer_or_damaged_calibration_is_refused_with_a_hint(
-    report: CalibrationReport, hearthside_home: Path
+def test_a_newer_or_damaged_file_is_refused_with_a_hint(
+    report: CalibrationReport, tmp_path: Path
 ) -> None:
-    path = save_calibration(report)
+    path = export_calibration(report, tmp_path / "calibration.json")
     data = report.to_dict()
     data["schema"] = 99
     path.write_text(json.dumps(data))
     with pytest.raises(CalibrationError, match="newer Hearthside") as newer:
-        load_calibration()
+        read_calibration_file(path)
     assert "hearthside calibrate" in (newer.value.hint or "")
     path.write_text('{"schema": 1, "measurements": [')
-    with pytest.raises(CalibrationError, match="damaged"):
-        load_calibration()
+    with pytest.raises(CalibrationError, match="calibration.json is damaged"):
+        read_calibration_file(path)

@@ -16,12 +16,15 @@ from pytestqt.qtbot import QtBot
 
 from hearthside.app.gui import hardware_page
 from hearthside.app.gui.hardware_page import FixAction, HardwarePage
+from hearthside.autotune.calibration import store_calibration
+from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.engine import engine_info_from
 from hearthside.core.probe.profile import EngineDevice, EngineInfo, HardwareProfile
 from hearthside.core.probe.runner import with_advice
+from hearthside.kernels.calibrate import summarize_machine
 from hearthside.kernels.measurement import Measurement, Samples
-from hearthside.kernels.results import CalibrationReport, save_calibration
+from hearthside.kernels.results import CalibrationReport, export_calibration
 
 pytestmark = pytest.mark.gui
 
@@ -96,6 +99,9 @@ def probed_page(qtbot: QtBot, command: list[str] | None) -> tuple[HardwarePage, 
         page.refresh()
         assert page.busy.isVisible() and not page.refresh_button.isEnabled()  # did not block
     assert not page.busy.isVisible()
+    card = page.calibration_card  # read from the autotune DB on a worker thread
+    assert card is not None
+    qtbot.waitUntil(lambda: card.loaded, timeout=PROBE_TIMEOUT_MS)
     return page, ready.args[0]
 
 
@@ -210,7 +216,7 @@ def test_the_rebuild_asks_first_then_runs_with_its_output_in_the_log(
     assert page.fix_buttons[0].isEnabled()
 
 
-def test_calibration_figures_are_shown_when_measured(qtbot: QtBot, tmp_path: Path) -> None:
+def recorded_report(**changes: Any) -> CalibrationReport:
     samples = Samples(values=(38.0, 38.2, 38.9), runs=5)
     report = CalibrationReport(
         schema=1,
@@ -229,7 +235,12 @@ def test_calibration_figures_are_shown_when_measured(qtbot: QtBot, tmp_path: Pat
         anomalies=("Memory bandwidth is below what this CPU usually reaches.",),
         duration_s=42.0,
     )
-    save_calibration(report)
+    return replace(report, **changes)
+
+
+def test_calibration_figures_are_shown_from_the_autotune_db(qtbot: QtBot, tmp_path: Path) -> None:
+    with WisdomDB() as wisdom:  # what `hearthside calibrate` stored for this machine
+        store_calibration(recorded_report(), rtx_3090_desktop(), wisdom)
     page, _profile = probed_page(qtbot, printing(rtx_3090_desktop(), tmp_path))
     text = texts(page)
     assert "Memory read (cpu)" in text and "38.2 GB/s ±2%   threads=6" in text
@@ -237,13 +248,25 @@ def test_calibration_figures_are_shown_when_measured(qtbot: QtBot, tmp_path: Pat
     assert "Measured 2026-05-04 10:20 UTC." in text
     assert "Memory bandwidth is below what this CPU usually reaches." in text
     assert "Matrix multiply: no GPU" in text
-    assert "Not calibrated yet" not in text
+    assert "Not calibrated yet" not in text and hardware_page.READING_CALIBRATION not in text
 
 
-def test_a_damaged_calibration_file_says_so_and_how_to_fix_it(hearthside_home: Path) -> None:
-    (data_dir() / "calibration.json").write_text('{"measurements": [{"value": 1}]')
-    (note,) = hardware_page.calibration_view(hearthside_home).notes
-    assert note.startswith("The stored calibration is damaged.")
+def test_an_upgrade_shows_the_old_calibration_json_of_this_machine(
+    qtbot: QtBot, tmp_path: Path
+) -> None:
+    machine = summarize_machine(rtx_3090_desktop(), torch_version=None)
+    export_calibration(recorded_report(machine=machine), data_dir() / "calibration.json")
+    page, _profile = probed_page(qtbot, printing(rtx_3090_desktop(), tmp_path))
+    assert "Measured 2026-05-04 10:20 UTC." in texts(page)
+    other, _ = probed_page(qtbot, printing(mi50_server(), tmp_path))  # measured elsewhere
+    assert "Not calibrated yet" in texts(other)
+
+
+def test_a_calibration_from_a_newer_version_says_so_and_how_to_fix_it() -> None:
+    with WisdomDB() as wisdom:
+        store_calibration(recorded_report(schema=99), rtx_3090_desktop(), wisdom)
+    (note,) = hardware_page.calibration_view(rtx_3090_desktop()).notes
+    assert note.startswith("This calibration comes from a newer Hearthside.")
     assert "hearthside calibrate" in note
 
 

@@ -23,7 +23,7 @@ from hearthside.autotune.memory import CPU
 from hearthside.autotune.planner import describe_slots
 from hearthside.autotune.speculative import SpeculationDecision, speculative_key
 from hearthside.autotune.tuner import save_speculation_defaults
-from hearthside.autotune.wisdom import RunRecord, WisdomDB
+from hearthside.autotune.wisdom import QualityRecord, RunRecord, WisdomDB
 from hearthside.core.engine.config import SpeculativeConfig
 from hearthside.core.engine.service import EngineService
 from hearthside.core.models.store import ModelStore
@@ -364,3 +364,47 @@ def test_the_plan_shows_its_parallel_requests_and_asks_for_more(
     page.slots_box.setValue(64)
     assert page.override is not None and page.override.config is not None
     assert page.override.config.n_parallel == 64
+
+
+def family_row(kv_type: str, mean_kld: float) -> QualityRecord:
+    """A KV type measured on another Gemma 3 model on this machine (not the page's model)."""
+    return QualityRecord(
+        reference_model="gemma3-1b-fprint",
+        candidate_model="gemma3-1b-fprint",
+        kv_type=kv_type,
+        text_hash="f" * 64,
+        n_ctx=1024,
+        candidate="Q8_0",
+        reference="gemma-3-1b-it-Q8_0.gguf",
+        n_tokens=4000,
+        mean_kld=mean_kld,
+        kld_p99=0.1,
+        top1_agreement=0.97,
+        perplexity=12.0,
+        reference_perplexity=11.9,
+        architecture="gemma3",
+    )
+
+
+def test_the_quality_line_names_a_family_measurement_apart_from_a_prior(
+    qtbot: QtBot, page: PlanPage
+) -> None:
+    shown_plan(qtbot, page)
+    with qtbot.waitSignal(page.plan_ready, timeout=PLAN_TIMEOUT_MS) as ready:
+        page.set_goal("fastest")
+    by_priors = ready.args[0]
+    assert by_priors.plan.config.type_k != "f16"  # q8_0's global prior is within the budget
+    assert "(a prior, not measured yet)" in page.speed_note.text()
+
+    with WisdomDB() as wisdom:  # the family measured both quantized caches as harmless
+        wisdom.save_quality(family_row("q8_0", 0.004))
+        wisdom.save_quality(family_row("q4_0", 0.012))
+    by_family = replanned(qtbot, page)
+
+    kv_type = by_family.plan.config.type_k
+    assert kv_type == "q4_0"  # the smaller cache, now known to stay within the budget
+    expected = f"{kv_type} KV: KLD 0.012 measured on gemma-3-1b-it (same family, gemma3)"
+    assert expected in page.speed_note.text()
+    assert "a prior" not in page.speed_note.text()
+    _value, why = page.setting_labels["KV cache type"]
+    assert expected in why.text()

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import html
 import os
+import sqlite3
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import QTimer
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QApplication, QWizard
 from pytestqt.qtbot import QtBot
@@ -378,8 +381,8 @@ def test_the_chart_marks_the_runs_over_the_quality_budget(qtbot: QtBot) -> None:
     assert all(entry.quality for entry in chart.entries)
 
 
-def test_apply_stores_the_winner_of_a_recorded_run(qtbot: QtBot) -> None:
-    """The Apply path alone, on the recorded real run (the end-to-end test above measures)."""
+def recorded_result_page(qtbot: QtBot) -> tuple[OptimizeWizard, TuneResult]:
+    """The result page of the recorded real run, its runs stored as the tuner stored them."""
     recording = recorded_run()
     with WisdomDB() as db:  # what the tuner stored while it measured
         runs = tuple(db.record_run(run) for run in recording.result.runs)
@@ -390,13 +393,83 @@ def test_apply_stores_the_winner_of_a_recorded_run(qtbot: QtBot) -> None:
     assert best.id is not None
     wizard = wizard_for_screenshots(PAGE_RESULT, replace(recording, result=result))
     qtbot.addWidget(wizard)
+    wizard.show()
+    return wizard, result
+
+
+@contextmanager
+def another_writer_holding_the_wisdom_db() -> Iterator[sqlite3.Connection]:
+    """Another Hearthside (a `tune` in a terminal) in the middle of writing wisdom.db."""
+    other = sqlite3.connect(data_dir() / "wisdom.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield other
+    finally:
+        if other.in_transaction:
+            other.execute("ROLLBACK")
+        other.close()
+
+
+def test_apply_stores_the_winner_of_a_recorded_run(qtbot: QtBot) -> None:
+    """The Apply path alone, on the recorded real run (the end-to-end test above measures)."""
+    wizard, result = recorded_result_page(qtbot)
+    assert result.best is not None
     assert wizard.buttonText(QWizard.WizardButton.FinishButton) == "Apply"
     assert wizard.buttonText(QWizard.WizardButton.CancelButton) == "Close without applying"
     with qtbot.waitSignal(wizard.applied, timeout=5_000) as applied:
         wizard.button(QWizard.WizardButton.FinishButton).click()
     tuning: AppliedTuning = applied.args[0]
-    assert config_key(tuning.config.to_dict()) == config_key(best.config)
+    assert config_key(tuning.config.to_dict()) == config_key(result.best.config)
     with WisdomDB() as db:
         stored = db.default_for(result.key)
-    assert stored is not None and stored.run_id == best.id
-    assert config_key(stored.config) == config_key(best.config)
+    assert stored is not None and stored.run_id == result.best.id
+    assert config_key(stored.config) == config_key(result.best.config)
+    assert not wizard.isVisible()
+
+
+def test_the_window_keeps_working_while_apply_waits_for_the_database(qtbot: QtBot) -> None:
+    wizard, result = recorded_result_page(qtbot)
+    page, finish = wizard.result_page, wizard.button(QWizard.WizardButton.FinishButton)
+    ticks: list[float] = []
+    ticker = QTimer(wizard)
+    ticker.timeout.connect(lambda: ticks.append(time.monotonic()))
+    ticker.start(50)
+    with another_writer_holding_the_wisdom_db() as other:
+        finish.click()
+        assert wizard.isVisible() and wizard.applying
+        assert page.applying_bar.isVisible() and page.note.text() == "Saving the settings…"
+        assert not finish.isEnabled()
+        assert not wizard.button(QWizard.WizardButton.BackButton).isEnabled()
+        wizard.reject()  # Esc while saving: the page stays until the settings are saved
+        assert wizard.isVisible()
+        finish.click()  # a second press does not save twice
+        qtbot.wait(1_500)  # the GUI thread runs its timers while the apply waits for the lock
+        assert len(ticks) >= 10 and wizard.applying and wizard.isVisible()
+        with qtbot.waitSignal(wizard.applied, timeout=5_000):
+            other.execute("COMMIT")  # the other writer finishes: the apply goes through
+    assert not wizard.isVisible() and not page.applying_bar.isVisible()
+    with WisdomDB() as db:
+        stored = db.default_for(result.key)
+    assert stored is not None and result.best is not None and stored.run_id == result.best.id
+
+
+def test_a_failed_apply_says_why_and_what_to_do_and_keeps_the_wizard_open(
+    qtbot: QtBot,
+) -> None:
+    wizard, result = recorded_result_page(qtbot)
+    page, finish = wizard.result_page, wizard.button(QWizard.WizardButton.FinishButton)
+    with another_writer_holding_the_wisdom_db(), qtbot.assertNotEmitted(wizard.applied):
+        finish.click()
+        # SQLite gives up after its 5 s busy timeout
+        qtbot.waitUntil(lambda: not wizard.applying, timeout=9_000)
+    assert wizard.isVisible() and wizard.currentId() == PAGE_RESULT
+    assert page.error.isVisible() and not page.applying_bar.isVisible()
+    assert page.error.text().startswith("Could not save the settings. The autotune database")
+    assert "busy in another Hearthside window or command" in page.error.text()
+    assert "try again" in page.error.text()
+    assert finish.isEnabled() and wizard.buttonText(QWizard.WizardButton.FinishButton) == "Apply"
+    with WisdomDB() as db:
+        assert db.default_for(result.key) is None
+    with qtbot.waitSignal(wizard.applied, timeout=5_000):
+        finish.click()  # the other writer is done: Apply again works
+    assert not wizard.isVisible()
