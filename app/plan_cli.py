@@ -24,7 +24,7 @@ from typing import get_args
 from hearthside.app.cli_support import parallel_requests, printable
 from hearthside.app.probe_cli import load_profile
 from hearthside.autotune.calibration import calibration_for
-from hearthside.autotune.family_quality import kv_priors, kv_priors_for_file, variant_qualities
+from hearthside.autotune.family_quality import kv_priors_of, variant_qualities
 from hearthside.autotune.goals import RunQuality, quality_words
 from hearthside.autotune.memory import WeightPiece, pieces_from_gguf, pieces_from_spec
 from hearthside.autotune.planner import Goal, Plan, cpu_expert_layers, describe_slots, plan
@@ -40,7 +40,7 @@ from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import ModelSpec
-from hearthside.core.models.store import DB_FILE_NAME, DEFAULT_REF, ModelStore
+from hearthside.core.models.store import DB_FILE_NAME, DEFAULT_REF, ModelStore, registered_file
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
 
@@ -220,20 +220,8 @@ def measured_variant_qualities(ref: str, variants: Sequence[Variant]) -> dict[st
 
 def _kv_priors(ref: str, spec: ModelSpec) -> dict[str, RunQuality]:
     """The KV types' quality measured on this model, else on its family, on this machine."""
-    model_file = model_file_of(ref)
     with WisdomDB() as wisdom:
-        if model_file is not None and model_file.is_file():
-            return kv_priors_for_file(wisdom, model_file)
-        return kv_priors(wisdom, spec.architecture)
-
-
-def model_file_of(ref: str) -> Path | None:
-    """The GGUF behind `ref`, or None for a what-if model (a catalog id or descriptor)."""
-    path = Path(ref)
-    if ref.lower().endswith(".gguf") and path.is_file():
-        return path
-    if not (data_dir() / DB_FILE_NAME).exists():
-        return None
+        return kv_priors_of(wisdom, spec.architecture, registered_file(ref))
     with ModelStore(data_dir()) as store:
         if ref == DEFAULT_REF or store.find(ref) is not None:
             return store.resolve(ref).path

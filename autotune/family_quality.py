@@ -48,6 +48,16 @@ def kv_priors_for_file(db: WisdomDB, path: Path) -> dict[str, RunQuality]:
     return kv_priors(db, validate_gguf(path).architecture, model_fingerprint(path))
 
 
+def kv_priors_of(
+    db: WisdomDB, architecture: str | None, model_file: Path | None
+) -> dict[str, RunQuality]:
+    """`kv_priors` for a model that may have no file here (a what-if model has only its
+    family's figures); a quality belongs to the model, not the hardware."""
+    if model_file is not None and model_file.is_file():
+        return kv_priors_for_file(db, model_file)
+    return kv_priors(db, architecture)
+
+
 def _own_kv(db: WisdomDB, fingerprint: str) -> dict[str, QualityRecord]:
     rows = [
         record

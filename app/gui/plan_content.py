@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hearthside.app.gui.memory_bar import human_bytes
 from hearthside.autotune.calibration import calibration_for
-from hearthside.autotune.family_quality import kv_priors, kv_priors_for_file
+from hearthside.autotune.family_quality import kv_priors_of
 from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.goals import RunQuality, kv_prior, kv_quality_text
 from hearthside.autotune.memory import CPU
@@ -52,7 +52,7 @@ from hearthside.core.engine.config import EngineConfig
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.models.spec import ModelSpec
-from hearthside.core.models.store import DEFAULT_REF, ModelStore
+from hearthside.core.models.store import registered_file
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
@@ -167,12 +167,12 @@ class OverrideResult:
 def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
     """Resolve the model, read calibration and measurements, and plan; blocking."""
     spec = resolve_spec(request.ref)
-    model_file = model_file_of(request.ref)
+    model_file = registered_file(request.ref)
     this_machine = request.hardware == THIS_MACHINE
     with WisdomDB() as wisdom:
         # This machine's calibration and measurements say nothing about what-if hardware.
         calibration = calibration_for(profile, wisdom) if this_machine else {}
-        priors = _kv_priors(wisdom, spec, model_file)
+        priors = kv_priors_of(wisdom, spec.architecture, model_file)
         result = plan(
             spec,
             profile,
@@ -194,25 +194,6 @@ def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
     return PlanView(
         request, result, spec, calibration, model_file, measured, speculation, kv_quality
     )
-
-
-def _kv_priors(wisdom: WisdomDB, spec: ModelSpec, model_file: Path | None) -> dict[str, RunQuality]:
-    """The KV types' quality measured on this model, else on its family (a what-if model has
-    only its family's); a quality belongs to the model, not the hardware."""
-    if model_file is not None and model_file.is_file():
-        return kv_priors_for_file(wisdom, model_file)
-    return kv_priors(wisdom, spec.architecture)
-
-
-def model_file_of(ref: str) -> Path | None:
-    """The GGUF behind `ref`, or None for a what-if model (a catalog id or descriptor)."""
-    path = Path(ref)
-    if ref.lower().endswith(".gguf") and path.is_file():
-        return path
-    with ModelStore(data_dir()) as store:
-        if ref == DEFAULT_REF or store.find(ref) is not None:
-            return store.resolve(ref).path
-    return None
 
 
 def measured_speed(

@@ -43,7 +43,7 @@ from hearthside.core.database import DatabaseKind, classified_errors, open_datab
 from hearthside.core.errors import ModelFileError, ModelStoreError
 from hearthside.core.models.child_check import check_loads_in_child
 from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
-from hearthside.core.paths import ensure_private_dir, is_within, models_dir
+from hearthside.core.paths import data_dir, ensure_private_dir, is_within, models_dir
 
 SCHEMA_VERSION = 3
 DB_FILE_NAME = "models.db"
@@ -101,6 +101,21 @@ class ModelRecord:
 
 
 # --- ids -------------------------------------------------------------------------------------
+
+
+def registered_file(ref: str, home: str | os.PathLike[str] | None = None) -> Path | None:
+    """The GGUF behind `ref` (a path, `default` or a registered id), or None for a what-if
+    model (a catalog id or descriptor). Opens no registry that does not exist yet."""
+    path = Path(ref)
+    if ref.lower().endswith(".gguf") and path.is_file():
+        return path
+    folder = data_dir(home)
+    if not (folder / DB_FILE_NAME).exists():
+        return None
+    with ModelStore(folder) as store:
+        if ref == DEFAULT_REF or store.find(ref) is not None:
+            return store.resolve(ref).path
+    return None
 
 
 def slugify_model_id(text: str) -> str:
