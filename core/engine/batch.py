@@ -15,8 +15,11 @@ share the longest prefix with its prompt (among the slots that prefix serves, se
 after the shared prefix and evaluates only the rest, so turn N of a conversation costs only
 its new tokens. Requests beyond the free slots wait, first come first served.
 
-Callers block in `BatchScheduler.run` and receive their text on their own thread, so a slow
-`on_text` (a GUI bridge, an HTTP stream) never stalls the other sequences.
+Callers block in `BatchScheduler.wait` and receive their text on their own thread, so a slow
+`on_text` (a GUI bridge, an HTTP stream) never stalls the other sequences. A request made with
+`direct` callbacks — quick ones: the engine worker's, which only write a frame to a pipe — has
+them called on the scheduler's thread between steps instead; its caller's thread then wakes
+once, at the end (a thread woken per token on a two-core machine stalls the decode threads).
 
 Speculative decoding runs while exactly one sequence is generating and nothing else is
 prefilling or waiting: the step is then a verify batch of that sequence's last sample and its
@@ -209,11 +212,16 @@ class BatchRequest:
         sampler: SamplerChain,
         cancel: threading.Event,
         start: RunFactory,
+        direct: tuple[TextCallback | None, LogprobsCallback | None] | None = None,
     ) -> None:
         self.prompt = list(prompt)
         self.sampler = sampler
         self.cancel = cancel
         self.start = start
+        # Quick callbacks (the engine worker's pipe writes) called on the scheduler's thread,
+        # between steps: no wake-up of the caller's thread per token.
+        self.direct = direct
+        self.direct_error: BaseException | None = None  # what a direct callback raised
         self.abandoned = False  # the caller left (its on_text raised)
         self.drafting: _Drafting | None = None  # set when speculation is on for it
         self.result: GenerationResult | None = None
@@ -224,10 +232,25 @@ class BatchRequest:
         return self.cancel.is_set() or self.abandoned
 
     def emit(self, piece: str) -> None:
-        self._pieces.put(piece)
+        if self.direct is None:
+            self._pieces.put(piece)
+        elif self.direct[0] is not None:
+            self._call_direct(self.direct[0], piece)
 
     def emit_logprobs(self, entries: tuple[TokenLogprob, ...]) -> None:
-        self._pieces.put(_LogprobEntries(entries))
+        if self.direct is None:
+            self._pieces.put(_LogprobEntries(entries))
+        elif self.direct[1] is not None:
+            self._call_direct(self.direct[1], entries)
+
+    def _call_direct(self, callback: Callable[[Any], None], item: Any) -> None:
+        if self.abandoned:
+            return
+        try:
+            callback(item)
+        except BaseException as exc:  # the caller's failure, raised on its thread by `wait`
+            self.direct_error = exc
+            self.abandoned = True  # the loop frees its slot at the next step
 
     def complete(self, result: GenerationResult) -> None:
         self.result = result
@@ -392,6 +415,8 @@ class BatchScheduler:
         self._local.request = request
         try:
             self._relay(request, on_text, on_logprobs)
+            if request.direct_error is not None:
+                raise request.direct_error
         except BaseException:
             request.abandoned = True  # the loop frees its slot at the next step
             with self._wake:

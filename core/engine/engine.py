@@ -130,9 +130,14 @@ class _AbortSwitch:
 class Engine:
     """A model loaded with an `EngineConfig`."""
 
-    def __init__(self, config: EngineConfig, *, verbose: bool = False) -> None:
+    def __init__(
+        self, config: EngineConfig, *, verbose: bool = False, quick_callbacks: bool = False
+    ) -> None:
+        """`quick_callbacks`: every `on_text`/`on_logprobs` given to this engine returns at
+        once and may run on the batch scheduler's thread (the engine worker's pipe writes)."""
         check_engine_version()
         self.config = config
+        self._quick_callbacks = quick_callbacks
         self.model_path = Path(config.model_path)
         self.model_info = validate_gguf(self.model_path)
         with native_log.captured_lines() as log_lines:
@@ -395,7 +400,8 @@ class Engine:
             assert scheduler is not None  # set until close(), which waits for admissions
             grammar = self._grammar_sampler(sampling.grammar) if sampling.grammar else None
             sampler = SamplerChain(sampling, self.n_vocab, grammar)
-            request = BatchRequest(prompt_tokens, sampler, cancel, start)
+            direct = callbacks if self._quick_callbacks else None
+            request = BatchRequest(prompt_tokens, sampler, cancel, start, direct)
             scheduler.submit(request)
         return scheduler.wait(request, *callbacks)
 

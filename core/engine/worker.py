@@ -133,7 +133,8 @@ class Worker:
     def _load(self, config: EngineConfig, *, verbose: bool) -> Snapshot:
         def load() -> Snapshot:
             self._close_engine()
-            self._engine = Engine(config, verbose=verbose)
+            # Its callbacks only write frames to the pipe: the scheduler may call them itself.
+            self._engine = Engine(config, verbose=verbose, quick_callbacks=True)
             return snapshot_of(self._engine)
 
         return self._holding(False, load)

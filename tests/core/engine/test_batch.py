@@ -22,7 +22,8 @@ machine's two cores SmolLM2's Q4_1 matmuls (ggml's own dot products: no tinyBLAS
 kernels for Q4_1 on x86) are bound by arithmetic: a step of four tokens costs about 3.4 times
 a step of one, so four sequences decode only ~1.1-1.3x faster together than one (raw
 llama_decode steps, no scheduler). Requantized to Q4_0, whose multi-token matmuls have faster
-kernels, the same steps gain ~1.7x; the speed test uses that file.
+kernels, the same steps gain ~1.7x there (~1.05x on an AVX-512 Zen 4); the speed test uses that
+file and holds the scheduler to what raw steps gain on the machine it runs on.
 
 The engines run llama.cpp on one thread: on two cores shared with other work, its spinning
 thread barriers stall whenever a sibling thread is descheduled, and one step can take seconds;
@@ -34,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import json
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,7 +48,7 @@ import pytest
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from hearthside.core.engine.config import EngineConfig, SamplingParams
-from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
+from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, _load_llama
 from hearthside.core.engine.grammar_limits import GrammarError
 from hearthside.core.errors import ContextOverflowError, EngineError
 
@@ -86,10 +88,8 @@ def exact(chat_model_file: Path) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="module")
-def q4_0_engine(
-    chat_model_file: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Engine]:
-    """The default model requantized to Q4_0 (about a second), four slots."""
+def q4_0_file(chat_model_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model requantized to Q4_0 (about a second)."""
     target = tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
@@ -98,9 +98,48 @@ def q4_0_engine(
         str(chat_model_file).encode(), str(target).encode(), ctypes.byref(params)
     )
     assert written == 0
-    loaded = Engine(slots(target, n_ctx=512))
+    return target
+
+
+@pytest.fixture(scope="module")
+def q4_0_engine(q4_0_file: Path) -> Iterator[Engine]:
+    """The Q4_0 model, four slots."""
+    loaded = Engine(slots(q4_0_file, n_ctx=512))
     yield loaded
     loaded.close()
+
+
+def raw_batch_gain(model: Path, steps: int = 12) -> float:
+    """What this CPU's kernels give for batching, with no scheduler: 4 x the time of a
+    one-token llama_decode step over the time of a step of one token in each of four slots
+    (medians; the one-token steps before and after the others, so a drift hits both alike)."""
+    llama = _load_llama(slots(model, n_ctx=512), verbose=False)
+    batch = llama_cpp.llama_batch_init(SLOTS, 0, 1)
+    positions = [0] * SLOTS
+    try:
+
+        def step(sequences: int) -> float:
+            for index in range(sequences):
+                batch.token[index] = 100 + index
+                batch.pos[index] = positions[index]
+                batch.n_seq_id[index] = 1
+                batch.seq_id[index][0] = index
+                batch.logits[index] = True
+                positions[index] += 1
+            batch.n_tokens = sequences
+            started = time.perf_counter()
+            assert llama_cpp.llama_decode(llama.ctx, batch) == 0
+            return time.perf_counter() - started
+
+        for _ in range(8):  # a little context in every slot first
+            step(SLOTS)
+        ones = [step(1) for _ in range(steps)]
+        fours = [step(SLOTS) for _ in range(2 * steps)]
+        ones += [step(1) for _ in range(steps)]  # before and after: a drift hits both
+        return SLOTS * statistics.median(ones) / statistics.median(fours)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama.close()
 
 
 def ask(text: str) -> list[ChatMessage]:
@@ -186,7 +225,9 @@ def decode_rate(result: GenerationResult) -> float:
     return result.metrics.decode_tok_s
 
 
-def test_four_requests_progress_together_and_outpace_one_at_a_time(q4_0_engine: Engine) -> None:
+def test_four_requests_progress_together_and_keep_what_batching_gives(
+    q4_0_engine: Engine, q4_0_file: Path
+) -> None:
     """Aggregate decode rate, four replies at once against one at a time. A first round leaves
     each story's prompt in a slot, so either way a reply evaluates one prompt token and only
     decoding is compared (see the module docstring for why the model is requantized)."""
@@ -213,9 +254,15 @@ def test_four_requests_progress_together_and_outpace_one_at_a_time(q4_0_engine: 
         assert all(len(pieces) >= 2 for pieces in window), "a request stalled"
     one_at_a_time = sum(alone) / len(alone)
     four_together = sum(together_tok_s) / len(together_tok_s)
-    print(f"decode tok/s: one at a time {one_at_a_time:.1f}, four together {four_together:.1f}")
-    # Measured here: 1.45-1.56x on a quiet machine, 1.33x with four other jobs on the cores.
-    assert four_together > 1.2 * one_at_a_time, (one_at_a_time, four_together)
+    # How much batching can give depends on the CPU's kernels: ~1.7x on an AVX2 EPYC, ~1.05x
+    # on an AVX-512 Zen 4, whose one-token Q4_0 steps are already fast. The scheduler must
+    # keep most of what raw llama_decode steps give on this machine, whatever that is.
+    gain = raw_batch_gain(q4_0_file)
+    print(
+        f"decode tok/s: one at a time {one_at_a_time:.1f}, four together {four_together:.1f}; "
+        f"raw llama_decode gain {gain:.2f}x"
+    )
+    assert four_together > 0.75 * gain * one_at_a_time, (one_at_a_time, four_together, gain)
 
 
 def test_turn_two_evaluates_only_the_new_tokens_for_each_conversation(engine: Engine) -> None:
@@ -408,6 +455,56 @@ def test_failing_requests_fail_alone(engine: Engine) -> None:
     assert isinstance(fine, GenerationResult) and fine.text
     # Every slot is free again: four requests at once still run.
     assert all(r.text for r in results(together([chat_call(engine, q) for q in QUESTIONS])))
+
+
+@pytest.fixture(scope="module")
+def quick(chat_model_file: Path) -> Iterator[Engine]:
+    """Like `exact`, with callbacks called on the scheduler's thread (the engine worker's)."""
+    loaded = Engine(slots(chat_model_file, n_ctx=512, flash_attn=True), quick_callbacks=True)
+    yield loaded
+    loaded.close()
+
+
+def test_quick_callbacks_get_the_same_text_without_waking_their_callers(
+    exact: Engine, quick: Engine
+) -> None:
+    """The worker's callbacks (pipe writes) run on the scheduler's thread between steps: the
+    text is the same, it still streams piece by piece, and a caller's thread is not woken
+    for every token."""
+    pieces: list[list[str]] = [[] for _ in QUESTIONS]
+    threads: set[str] = set()
+
+    def collect(into: list[str]) -> Callable[[str], None]:
+        def on_text(piece: str) -> None:
+            threads.add(threading.current_thread().name)
+            into.append(piece)
+
+        return on_text
+
+    exact.clear_cache()
+    relayed = results(together([chat_call(exact, q) for q in QUESTIONS]))
+    direct = results(
+        together([chat_call(quick, q, on_text=collect(pieces[i])) for i, q in enumerate(QUESTIONS)])
+    )
+    for lone, fast, streamed in zip(relayed, direct, pieces, strict=True):
+        assert fast.tokens == lone.tokens and "".join(streamed) == fast.text
+        assert len(streamed) > 3
+    assert threads == {"hearthside-batch"}
+
+
+def test_a_quick_callback_that_fails_fails_its_own_request_alone(quick: Engine) -> None:
+    class Gone(Exception):
+        pass
+
+    def pipe_closed(_piece: str) -> None:
+        raise Gone
+
+    outcomes = together(
+        [chat_call(quick, QUESTIONS[0], on_text=pipe_closed), chat_call(quick, QUESTIONS[1])]
+    )
+    assert isinstance(outcomes[0], Gone)
+    assert isinstance(outcomes[1], GenerationResult) and outcomes[1].text
+    assert all(r.text for r in results(together([chat_call(quick, q) for q in QUESTIONS])))
 
 
 def test_a_reply_stops_when_its_slot_is_full(chat_model_file: Path) -> None:
