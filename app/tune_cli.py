@@ -5,6 +5,8 @@ is stored in the autotune DB, and the winner becomes the model's default here. E
 quality (mean KL divergence, top-1 agreement and perplexity against the file with an f16 KV
 cache) is shown beside its speed, and the goal chooses by both (`autotune/goals.py`). Compared
 with llama.cpp's own defaults and llama-cpp-python's, measured the same way, in the same run.
+The model's installed quant variants are measured too, at the best settings found for the file
+(f16 KV), with their quality against it; when one wins, it is named as the pick.
 """
 
 from __future__ import annotations
@@ -19,10 +21,16 @@ from typing import get_args
 
 from hearthside.app.progress import ProgressLine
 from hearthside.autotune.goals import source_text
-from hearthside.autotune.optimize import MeasureRequest, MeasureUpdate, measure
+from hearthside.autotune.optimize import (
+    MeasureRequest,
+    MeasureUpdate,
+    measure,
+    variant_pick_text,
+    variant_text,
+)
 from hearthside.autotune.planner import Goal
 from hearthside.autotune.speculative import SpeculationDecision, describe
-from hearthside.autotune.tuner import TuneEvent, TuneResult
+from hearthside.autotune.tuner import TuneEvent, TuneResult, VariantRun
 from hearthside.autotune.wisdom import RunRecord
 from hearthside.core.models.store import ModelStore, resolve_model_path
 from hearthside.core.paths import data_dir, models_dir
@@ -93,6 +101,8 @@ def _event_text(event: TuneEvent) -> str:
     )
     if event.kind == "quality":
         return f"quality: {event.message}"
+    if event.variant:
+        what = f"{event.variant} (variant), {what}"
     measured = f" → {event.decode_tps:.1f} tok/s" if event.decode_tps else ""
     return f"[{event.index}/{event.total}] {event.kind}: {what}{measured}"
 
@@ -113,7 +123,21 @@ def result_as_dict(result: TuneResult) -> dict[str, object]:
         "capacity_audit": result.audit.to_dict() if result.audit else None,
         "speculation": [decision.to_dict() for decision in result.speculation],
         "notes": [note.to_dict() for note in result.notes],
+        "chosen_variant": _variant_dict(result.chosen_variant, result),
+        "variants": [_variant_dict(variant, result) for variant in result.variants],
         "runs": [_run_dict(run, result) for run in result.runs],
+    }
+
+
+def _variant_dict(variant: VariantRun | None, result: TuneResult) -> dict[str, object] | None:
+    if variant is None:
+        return None
+    return {
+        "label": variant.label,
+        "model_id": variant.model_id,
+        "path": variant.path,
+        "quality": variant.quality.to_dict(),
+        "verdict": variant_text(result, variant),
     }
 
 
@@ -122,6 +146,9 @@ def _run_dict(run: RunRecord | None, result: TuneResult) -> dict[str, object] | 
         return None
     data = asdict(run)
     data.pop("memory", None)
+    variant = result.variant_of(run)
+    data["variant"] = variant.label if variant is not None else None  # None: the tuned file
+    data["model_path"] = variant.path if variant is not None else result.model_path or None
     data["quality"] = result.quality_of(run).to_dict() if run.outcome == "ok" else None
     return data
 
@@ -136,8 +163,12 @@ def describe_result(result: TuneResult) -> str:
     for run in sorted(result.runs, key=lambda r: r.decode_tps or 0, reverse=True):
         quality = _quality_text(result, run)
         lines.append(
-            f"  {_settings_text(run.config)}  {_outcome_text(run)}{quality}{_mark(run, result)}"
+            f"  {_file_text(run, result)}{_settings_text(run.config)}  {_outcome_text(run)}"
+            f"{quality}{_mark(run, result)}"
         )
+    if result.variants:
+        lines.append("Quant variants, at the best settings for the tuned file (f16 KV):")
+        lines.extend(f"  {variant_text(result, variant)}" for variant in result.variants)
     if result.audit is not None:
         lines.append(f"Context check: {result.audit.message}")
     lines.extend(_speculation_lines(result.speculation))
@@ -159,11 +190,15 @@ def _comparison_lines(result: TuneResult) -> list[str]:
         )
     cost = result.budget_cost
     if cost is not None and cost > 1.0:
+        fastest = result.variant_of(result.fastest) if result.fastest else None
+        what = f"the {fastest.label} variant" if fastest else "the fastest run's KV cache"
         lines.append(
-            f"The quality budget cost {cost - 1:.0%} of decode speed: the fastest run's KV "
-            f"cache moved the answers more than a mean KLD of {result.kld_budget}."
+            f"The quality budget cost {cost - 1:.0%} of decode speed: {what} moved the "
+            f"answers more than a mean KLD of {result.kld_budget} (or was not measured)."
         )
-    if result.best is not None:
+    if result.chosen_variant is not None:
+        lines.append(variant_pick_text(result))
+    elif result.best is not None:
         lines.append("They are now this model's default on this machine.")
     return lines
 
@@ -174,6 +209,8 @@ def _quality_text(result: TuneResult, run: RunRecord) -> str:
     quality = result.quality_of(run)
     if quality.source == "prior":
         return f", KLD ~{quality.mean_kld:.3f} (not measured)"
+    if quality.source == "unmeasured":
+        return ", quality not measured (counts as over the budget)"
     if quality.source == "family":
         return f", KLD ~{quality.mean_kld:.3f} ({source_text(quality)})"
     agreement = f", top-1 {quality.top1_agreement:.0%}" if quality.top1_agreement else ""
@@ -199,6 +236,11 @@ def _speculation_verdict(decision: SpeculationDecision) -> str:
     if decision.acceptance_rate is not None:
         parts.append(f"{decision.acceptance_rate:.0%} accepted")
     return "on (" + ", ".join(parts) + ")"
+
+
+def _file_text(run: RunRecord, result: TuneResult) -> str:
+    variant = result.variant_of(run)
+    return f"{variant.label} (variant): " if variant is not None else ""
 
 
 def _settings_text(config: dict[str, object]) -> str:

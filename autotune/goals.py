@@ -12,12 +12,14 @@ A run's quality is measured when the autotune DB has it for its weights and KV-c
 then a KV type counts at a prior, best first: the model's own measurement (another text or
 context), then one measured on another model of the same family on this machine ("q4_0 KV: KLD
 0.30 measured on gemma-3-270m (same family, gemma3)", `autotune/family_quality.py` reads them),
-then the global `KV_KLD_PRIORS`; each is marked with its source. What the budget cost — the
-fastest run over the chosen one — is in `Choice.budget_cost`.
+then the global `KV_KLD_PRIORS`; each is marked with its source. A quant variant has no prior:
+until its quality is measured it counts as over any budget (`unmeasured_quality`). What the
+budget cost — the fastest run over the chosen one — is in `Choice.budget_cost`.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,10 +46,11 @@ UNKNOWN_KV_PRIOR = 0.1  # a KV type without a prior counts as over budget until 
 @dataclass(frozen=True)
 class RunQuality:
     """A run's quality against the reference: measured, the reference itself, measured on
-    another model of the same family ("family"), or the global prior."""
+    another model of the same family ("family"), the global prior, or not known at all
+    ("unmeasured": an infinite KLD, over any budget)."""
 
     mean_kld: float
-    source: str  # "measured", "reference", "family" or "prior"
+    source: str  # "measured", "reference", "family", "prior" or "unmeasured"
     top1_agreement: float | None = None
     perplexity: float | None = None
     measured_on: str | None = None  # for "family": the model it was measured on
@@ -60,7 +63,7 @@ class RunQuality:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "mean_kld": self.mean_kld,
+            "mean_kld": self.mean_kld if math.isfinite(self.mean_kld) else None,
             "source": self.source,
             "top1_agreement": self.top1_agreement,
             "perplexity": self.perplexity,
@@ -87,6 +90,11 @@ def family_quality(record: QualityRecord) -> RunQuality:
 
 def reference_quality(perplexity: float | None = None) -> RunQuality:
     return RunQuality(0.0, "reference", 1.0, perplexity)
+
+
+def unmeasured_quality() -> RunQuality:
+    """A quant variant whose quality was not measured: over the budget until it is."""
+    return RunQuality(math.inf, "unmeasured")
 
 
 def prior_quality(kv_type: str) -> RunQuality:
@@ -118,6 +126,7 @@ def source_text(quality: RunQuality) -> str:
     return {
         "measured": "measured on this model",
         "reference": "(the reference)",
+        "unmeasured": "not measured yet (counts as over the budget)",
     }.get(quality.source, "(a prior, not measured yet)")
 
 
@@ -131,6 +140,8 @@ def quality_words(quality: RunQuality) -> str:
     words, so a family figure never reads as measured on this model."""
     if quality.source == "reference":
         return "the reference (f16 KV)"
+    if quality.source == "unmeasured":
+        return "quality not measured (counts as over the budget)"
     kld = kld_text(quality.mean_kld)
     if quality.source == "family":
         return f"KLD ~{kld} (measured on {quality.measured_on}, {quality.family} family)"

@@ -6,7 +6,8 @@ returns the `TuneResult`. `calibrate(CalibrationRequest, post)` is the calibrati
 same steps for the wizard and `hearthside calibrate`: it stores the report in the autotune DB
 and returns it. `apply_tuning` stores the winner. Around them are the facts the wizard's
 pages show (the machine's `survey`, the `model_choices`, a catalog model's plan) and the words of
-its result (`verdict`, `settings_rows`, `quality_row`, `measured_reasons`, `audit_text`). The
+its result (`verdict`, `settings_rows`, `quality_row`, `measured_reasons`, `audit_text`, and for
+the model's quant variants `variant_text` / `variant_pick_text`). The
 wizard (`app/gui/wizard.py`) keeps only its pages and a runner that calls `measure` as an engine
 job; `TuneRecording` keeps a real run to replay (screenshots, tests).
 """
@@ -16,14 +17,21 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from hearthside.autotune.calibration import calibration_for, store_calibration
 from hearthside.autotune.fingerprint import TuningKey, tuning_key
+from hearthside.autotune.goals import kld_text
 from hearthside.autotune.planner import Goal, Plan, Reason, plan
-from hearthside.autotune.tuner import TuneEvent, TuneResult, save_tuned_defaults, tune
+from hearthside.autotune.tuner import (
+    TuneEvent,
+    TuneResult,
+    VariantRun,
+    save_tuned_defaults,
+    tune,
+)
 from hearthside.autotune.wisdom import Rigor, RunRecord, WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.errors import HearthsideError, ModelFileError
@@ -198,7 +206,12 @@ def audit_text(result: TuneResult) -> str:
 
 
 def verdict(result: TuneResult) -> tuple[str, str]:
-    """The result page's headline and the line under it."""
+    """The result page's headline and the line under it (which names a winning variant)."""
+    headline, detail = _verdict(result)
+    return headline, detail + _pick_text(result)
+
+
+def _verdict(result: TuneResult) -> tuple[str, str]:
     best, baseline = result.best, result.baseline
     if best is None:
         return (
@@ -206,7 +219,8 @@ def verdict(result: TuneResult) -> tuple[str, str]:
             "The time ran out (or you stopped) before any tuned setting was measured. "
             "Go back and give it more time.",
         )
-    if baseline is not None and config_key(best.config) == config_key(baseline.config):
+    same = baseline is not None and config_key(best.config) == config_key(baseline.config)
+    if same and result.chosen_variant is None:
         return (
             "llama.cpp's defaults are already the best here",
             "Hearthside keeps them; Apply stores them as this model's default."
@@ -248,11 +262,64 @@ def _quality_budget_text(result: TuneResult) -> str:
     if cost is None or fastest is None or cost < SAME_SPEED_BAND[1]:
         return ""
     quality = result.quality_of(fastest)
+    variant = result.variant_of(fastest)
+    what = f"the {variant.label} variant" if variant else f"{fastest.config.get('type_k')} KV"
+    if quality.source == "unmeasured":
+        return (
+            f" The fastest setting ({what}, {cost:.2f}× the chosen speed) was not chosen: "
+            "its quality was not measured in time, so it counts as over the quality budget."
+        )
     return (
-        f" The fastest setting ({fastest.config.get('type_k')} KV, {cost:.2f}× the chosen "
-        f"speed) was not chosen: its mean KLD {quality.mean_kld:.3f} is over the quality "
-        f"budget of {result.kld_budget} — its answers noticeably differ."
+        f" The fastest setting ({what}, {cost:.2f}× the chosen speed) was not chosen: its "
+        f"mean KLD {quality.mean_kld:.3f} is over the quality budget of {result.kld_budget} — "
+        "its answers noticeably differ."
     )
+
+
+def _pick_text(result: TuneResult) -> str:
+    pick = variant_pick_text(result)
+    return f" {pick}" if pick else ""
+
+
+def variant_pick_text(result: TuneResult) -> str:
+    """When a quant variant won: that the pick is another file, and how to use it."""
+    variant = result.chosen_variant
+    if variant is None:
+        return ""
+    model = variant.model_id or Path(variant.path).name
+    return (
+        f"The pick is the {variant.label} variant ({model}), not the file you tuned: the "
+        f"settings are saved as {model}'s default here, so load {model} to use them; the "
+        "tuned file keeps its own best settings as its default."
+    )
+
+
+def variant_text(result: TuneResult, variant: VariantRun) -> str:
+    """E.g. "Q4_0 (variant): 1.15× faster, KLD 0.21 — over the quality budget; not chosen"."""
+    run = next((r for r in result.runs if r.key.model == variant.model), None)
+    head = f"{variant.label} (variant)"
+    if run is None or run.outcome != "ok" or not run.decode_tps:
+        outcome = run.outcome if run is not None else "not measured"
+        return f"{head}: {outcome}; not chosen"
+    own = result.file_best
+    ratio = run.decode_tps / own.decode_tps if own and own.decode_tps else None
+    speed = f"{run.decode_tps:.1f} tok/s" if ratio is None else _speed_words(ratio)
+    quality = variant.quality
+    if quality.source == "unmeasured":
+        fit = "quality not measured — counts as over the quality budget"
+    else:
+        within = quality.mean_kld <= result.kld_budget
+        fit = f"KLD {kld_text(quality.mean_kld)} — " + (
+            "within the quality budget" if within else "over the quality budget"
+        )
+    chosen = "chosen" if run is result.best else "not chosen"
+    return f"{head}: {speed}, {fit}; {chosen}"
+
+
+def _speed_words(ratio: float) -> str:
+    if ratio >= 1.0:
+        return f"{ratio:.2f}× faster"
+    return f"{1 / ratio:.2f}× slower"
 
 
 def quality_text(result: TuneResult, run: RunRecord) -> str:
@@ -262,6 +329,8 @@ def quality_text(result: TuneResult, run: RunRecord) -> str:
         return "the reference (f16 KV)"
     if quality.source == "prior":
         return f"KLD ~{quality.mean_kld:.3f} (not measured yet)"
+    if quality.source == "unmeasured":
+        return "not measured (counts as over the budget)"
     if quality.source == "family":
         return f"KLD ~{quality.mean_kld:.3f} ({quality.family} family)"
     agreement = quality.top1_agreement or 0.0
@@ -396,6 +465,7 @@ def calibrate(
 def candidate_update(event: TuneEvent, db: WisdomDB, key: TuningKey) -> MeasureUpdate:
     """The event with what the tuner stored for it: memory of a run, the kind of a failure."""
     memory = outcome = None
+    key = replace(key, model=event.model) if event.model else key  # a quant variant's run
     if event.kind in ("measured", "reused"):
         run = db.lookup(key, event.config)
         memory = total_memory_bytes(run.memory) if run is not None else None

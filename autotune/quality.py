@@ -95,7 +95,7 @@ def load_eval_text() -> EvalText:
 def choose_reference(family: Sequence[ModelRecord]) -> ModelRecord:
     """The most precise original in a model's family (bits per weight over the whole file);
     a re-quantized variant is never the reference, whatever its bits."""
-    originals = [record for record in family if not _is_requantized(record)]
+    originals = [record for record in family if not is_requantized(record)]
     if not originals:
         names = ", ".join(record.id for record in family) or "none"
         raise QualityError(
@@ -106,7 +106,8 @@ def choose_reference(family: Sequence[ModelRecord]) -> ModelRecord:
     return max(originals, key=lambda record: (bits_per_weight(record), record.size_bytes))
 
 
-def _is_requantized(record: ModelRecord) -> bool:
+def is_requantized(record: ModelRecord) -> bool:
+    """Made from another file here (`hearthside models quantize`): never a reference."""
     return record.variant_of is not None or record.source.startswith(SOURCE_QUANTIZED_PREFIX)
 
 

@@ -2,8 +2,10 @@
 
 `tune(budget_s=60)` ends after about 60 s: weight types the calibration lacks first (at most
 `TYPES_SHARE`), then the candidates, then the quality of their KV-cache types (`QUALITY_SHARE`
-of what these three share, and whatever the candidates left), then speculative decoding on the
-winner (`SPECULATION_SHARE`), then the winner's context audit, whose time is
+of what the later phases share, and whatever the candidates left), then the model's installed
+quant variants at the best settings (`VARIANTS_SHARE`, only when it has some), then
+speculative decoding on the winner (`SPECULATION_SHARE`), then the winner's context audit,
+whose time is
 held back from the start (estimated from the planner's speeds, at most `AUDIT_SHARE`). A
 measurement in flight may run `grace_s` past its phase's deadline (a speculation trial none: the
 audit's time comes after it); past that its engine worker is stopped (`Watchdog`) and the run
@@ -23,11 +25,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-Phase = Literal["types", "candidates", "quality", "speculation", "audit"]
+Phase = Literal["types", "candidates", "quality", "variants", "speculation", "audit"]
 
 TYPES_SHARE = 0.25  # at most, of the budget, for the weight types the calibration lacks
 SPECULATION_SHARE = 0.35  # of the time the candidates, quality and speculation share
 QUALITY_SHARE = 0.20  # of that time: a reference pass and one per KV type, once per model
+VARIANTS_SHARE = 0.15  # of that time: per variant one speed run and one quality pass
 AUDIT_SHARE = 0.25  # at most, of the budget, held back for the context audit
 GRACE_SHARE = 0.10  # of the budget: how far a measurement in flight may run past its deadline
 GRACE_MIN_S = 1.5
@@ -73,6 +76,7 @@ class TuneClock:
         self.types_end = self.started + TYPES_SHARE * budget_s
         self.candidates_end = self.end
         self.quality_end = self.end
+        self.variants_end = self.end
         self.speculation_end = self.end
 
     def hold_for_audit(self, audit_s: float) -> None:
@@ -83,15 +87,18 @@ class TuneClock:
     def left_s(self, deadline: float | None = None) -> float:
         return (self.end if deadline is None else deadline) - self.now()
 
-    def split(self, audit_s: float, *, speculation: bool, quality: bool = True) -> None:
-        """Deadlines for the candidates, quality and speculation from what is left, once the
-        weight types are measured, holding `audit_s` (at most `AUDIT_SHARE`) back for the
-        audit."""
+    def split(
+        self, audit_s: float, *, speculation: bool, quality: bool = True, variants: bool = False
+    ) -> None:
+        """Deadlines for the candidates, quality, variants and speculation from what is left,
+        once the weight types are measured, holding `audit_s` (at most `AUDIT_SHARE`) back for
+        the audit. Without `variants` their phase has no time: quality ends where it would."""
         self.hold_for_audit(audit_s)
         shared = max(0.0, self.speculation_end - self.now())
-        self.quality_end = self.speculation_end - (
+        self.variants_end = self.speculation_end - (
             SPECULATION_SHARE * shared if speculation else 0.0
         )
+        self.quality_end = self.variants_end - (VARIANTS_SHARE * shared if variants else 0.0)
         self.candidates_end = self.quality_end - (QUALITY_SHARE * shared if quality else 0.0)
 
 

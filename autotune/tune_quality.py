@@ -9,6 +9,14 @@ A KV type is measured only while its passes fit in the phase's time (estimated f
 measured prefill speed); one that does not keeps its prior — the model's own figure at another
 text or context, else its family's on this machine (`family_quality.kv_priors`), else the
 global `goals.KV_KLD_PRIORS` — and a note says which.
+
+The model's installed quant variants (`installed_variants`: files re-quantized from the tuned
+file, `hearthside models quantize`) are tried by the tuner too; `variant_quality` gives each
+one's figure against the tuned file (f16 KV both): from the DB (`hearthside quality` or an
+earlier tune, any text and context, the most tokens first), else measured over the same text
+and context as the KV types while its pass fits, else "unmeasured" — over the budget until a
+longer run measures it. The tuned file must be the family's reference (`choose_reference`):
+a variant's figure is against that file, so tuning a variant tries no other variants.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hearthside.autotune.family_quality import kv_priors
+from hearthside.autotune.family_quality import kv_priors, variant_qualities
 from hearthside.autotune.fingerprint import model_fingerprint
 from hearthside.autotune.goals import (
     RunQuality,
@@ -25,6 +33,7 @@ from hearthside.autotune.goals import (
     kv_quality_text,
     measured_quality,
     reference_quality,
+    unmeasured_quality,
 )
 from hearthside.autotune.quality import (
     DEFAULT_EVAL_CTX,
@@ -32,7 +41,9 @@ from hearthside.autotune.quality import (
     Candidate,
     EvalText,
     QualityError,
+    choose_reference,
     default_cache_dir,
+    is_requantized,
     load_eval_text,
     measure_quality,
     reference_cache_path,
@@ -41,6 +52,8 @@ from hearthside.autotune.tune_budget import ENGINE_LOAD_S, PhaseNote
 from hearthside.autotune.wisdom import Rigor, WisdomDB
 from hearthside.core.errors import EngineError
 from hearthside.core.models.gguf_validator import validate_gguf
+from hearthside.core.models.store import ModelRecord, ModelStore
+from hearthside.core.paths import data_dir
 
 QUICK_EVAL_CTX = 512
 QUICK_EVAL_CHARS = 4000  # the prose: about 1,100 tokens, two chunks of 512
@@ -142,3 +155,90 @@ def _not_measured(
         f"{kv_type} KV not measured: it needs about {needed_s:.0f} s, {max(left_s, 0):.0f} s "
         f"were left; {stands_in} stands in until a longer run measures it",
     )
+
+
+# ---- the model's installed quant variants ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantVariant:
+    """An installed re-quantization of the tuned file."""
+
+    label: str  # its quant, e.g. "Q4_0"
+    path: Path
+    model_id: str = ""  # its id in the model store ("" for a file not registered)
+
+
+def installed_variants(
+    model_path: Path, store_root: Path | None = None
+) -> tuple[tuple[QuantVariant, ...], tuple[PhaseNote, ...]]:
+    """The installed variants re-quantized from `model_path`'s model, when `model_path` is
+    that model's reference (its most precise original); else none, with a note why."""
+    with ModelStore(store_root or data_dir()) as store:
+        record = _registered(store.list(), model_path)
+        family = store.family(record) if record is not None else []
+    variants = [r for r in family if is_requantized(r) and r.path.is_file()]
+    if record is None or not variants:
+        return (), ()
+    try:
+        reference = choose_reference(family)
+    except QualityError:
+        return (), ()
+    if reference.id != record.id:
+        why = (
+            f"not tried: {record.id} is re-quantized from {reference.id}, the file its "
+            f"variants are measured against; tune {reference.id} to compare them"
+        )
+        return (), (PhaseNote("variants", why),)
+    return tuple(QuantVariant(r.quant or r.id, r.path, r.id) for r in variants), ()
+
+
+def _registered(records: Iterable[ModelRecord], model_path: Path) -> ModelRecord | None:
+    wanted = model_path.resolve()
+    return next((r for r in records if r.path.resolve() == wanted), None)
+
+
+def variant_quality(
+    reference_path: Path,
+    variant: QuantVariant,
+    db: WisdomDB,
+    *,
+    rigor: Rigor,
+    seconds_left: Callable[[], float],
+    prefill_tps: float | None,
+    text: EvalText | None = None,
+    n_ctx: int | None = None,
+    cache_dir: Path | None = None,
+) -> tuple[RunQuality, PhaseNote | None]:
+    """`variant`'s quality against `reference_path` (f16 KV both): stored, else measured while
+    its passes fit `seconds_left()`, else unmeasured with a note."""
+    stored = variant_qualities(db, reference_path, {variant.label: variant.path})
+    if variant.label in stored:
+        return stored[variant.label], None
+    text = text or eval_text(rigor)
+    n_ctx = n_ctx or eval_context(rigor)
+    cache_dir = cache_dir or default_cache_dir()
+    fingerprint = model_fingerprint(reference_path)
+    cached = reference_cache_path(cache_dir, fingerprint, text, n_ctx).exists()
+    needed_s = _pass_s(text, prefill_tps) * (1 if cached else 2)
+    if needed_s > seconds_left():
+        why = (
+            f"{variant.label} quality not measured: it needs about {needed_s:.0f} s, "
+            f"{max(seconds_left(), 0):.0f} s were left; it counts as over the quality budget "
+            f"until measured (`hearthside quality MODEL --variants {variant.label}`)"
+        )
+        return unmeasured_quality(), PhaseNote("variants", why)
+    label = validate_gguf(reference_path).quant_name or reference_path.name
+    try:
+        report = measure_quality(
+            Candidate(reference_path, label),
+            [Candidate(variant.path, variant.label)],
+            db,
+            text=text,
+            n_ctx=n_ctx,
+            cache_dir=cache_dir,
+        )
+    except (EngineError, QualityError) as exc:
+        why = f"{variant.label} quality not measured: {exc.message}; it counts as over budget"
+        return unmeasured_quality(), PhaseNote("variants", why)
+    return measured_quality(report.results[0].record), None

@@ -12,12 +12,13 @@ much more memory is free), and one already measured at least as rigorously is an
 the DB. The comparisons are measured the same way: llama.cpp's own defaults first (the
 headline's), llama-cpp-python's last. The whole run keeps one time budget
 (`autotune/tune_budget.py`): weight types the calibration lacks first (`tune_types.py`),
-candidates, the quality of their KV-cache types (`tune_quality.py`), speculation, the
-winner's context audit, each with a deadline; a measurement past its deadline is stopped and
-recorded as `timeout`, and what was cut is in `TuneResult.notes`. The goal picks the winner
-by speed and quality (`goals.py`: "fastest" is the fastest within a KLD budget). Measured over
-predicted speed updates the machine's efficiency factors, and the winner becomes the model's
-default on this machine.
+candidates, the quality of their KV-cache types (`tune_quality.py`), the model's installed
+quant variants (one run each at the best settings found for the file, f16 KV, and their quality
+against it), speculation, the winner's context audit, each with a deadline; a measurement past
+its deadline is stopped and recorded as `timeout`, and what was cut is in `TuneResult.notes`.
+The goal picks the winner among all the runs, variants' too, by speed and quality (`goals.py`:
+"fastest" is the fastest within a KLD budget). Measured over predicted speed updates the
+machine's efficiency factors, and the winner becomes its file's default on this machine.
 Progress goes to a listener (the CLI's progress line, the GUI wizard's chart).
 """
 
@@ -39,8 +40,20 @@ import psutil
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.capacity import CapacityAudit, audit_context_within
 from hearthside.autotune.family_quality import kv_priors
-from hearthside.autotune.fingerprint import TuningKey, machine_identity, tuning_key
-from hearthside.autotune.goals import KLD_BUDGET, RunQuality, choose, prior_quality
+from hearthside.autotune.fingerprint import (
+    TuningKey,
+    machine_identity,
+    model_fingerprint,
+    tuning_key,
+)
+from hearthside.autotune.goals import (
+    KLD_BUDGET,
+    Choice,
+    RunQuality,
+    choose,
+    prior_quality,
+    unmeasured_quality,
+)
 from hearthside.autotune.memory import WeightPiece, pieces_from_spec
 from hearthside.autotune.planner import Goal, Plan, SpeedEstimate, evaluate_config, plan
 from hearthside.autotune.recipes import sync_recipes
@@ -64,7 +77,13 @@ from hearthside.autotune.tune_budget import (
     Watchdog,
     estimated_audit_s,
 )
-from hearthside.autotune.tune_quality import KvQuality, kv_quality
+from hearthside.autotune.tune_quality import (
+    KvQuality,
+    QuantVariant,
+    installed_variants,
+    kv_quality,
+    variant_quality,
+)
 from hearthside.autotune.tune_types import measure_missing_types
 from hearthside.autotune.wisdom import Outcome, Rigor, RunRecord, WisdomDB, config_key
 from hearthside.core.engine.bench import measure_verify_cost, run_bench
@@ -108,9 +127,24 @@ class TuneEvent:
     message: str = ""
     workload: str | None = None  # set for speculative-decoding measurements
     baseline: Baseline = ""  # whose defaults this candidate is, if anyone's
+    variant: str = ""  # a quant variant's label ("Q4_0") when the run is of that file
+    model: str = ""  # that file's fingerprint (its runs' `key.model`); "": the tuned file
 
 
 Listener = Callable[[TuneEvent], None]
+
+
+@dataclass(frozen=True)
+class VariantRun:
+    """An installed quant variant of the tuned file, measured at its best settings with an
+    f16 KV cache: its runs are under `model` (their `key.model`), its quality against the
+    tuned file."""
+
+    label: str  # e.g. "Q4_0"
+    model_id: str  # its id in the model store
+    path: str
+    model: str  # its fingerprint
+    quality: RunQuality
 
 
 @dataclass(frozen=True)
@@ -128,6 +162,17 @@ class TuneResult:
     quality: KvQuality | None = None  # of each KV-cache type the runs used
     fastest: RunRecord | None = None  # the fastest run whatever its quality
     kld_budget: float = KLD_BUDGET
+    variants: tuple[VariantRun, ...] = ()  # the model's quant variants tried
+    file_best: RunRecord | None = None  # the pick among the tuned file's own runs
+    model_path: str = ""  # the tuned file
+
+    @property
+    def chosen_variant(self) -> VariantRun | None:
+        """The variant whose run won, if one did: that file is the pick."""
+        return self.variant_of(self.best) if self.best is not None else None
+
+    def variant_of(self, run: RunRecord) -> VariantRun | None:
+        return next((v for v in self.variants if v.model == run.key.model), None)
 
     @property
     def speedup(self) -> float | None:
@@ -144,7 +189,8 @@ class TuneResult:
         return _ratio(self.fastest, self.best)
 
     def quality_of(self, run: RunRecord) -> RunQuality:
-        return _run_quality(self.quality, run)
+        variant = self.variant_of(run)
+        return variant.quality if variant is not None else _run_quality(self.quality, run)
 
 
 def _ratio(first: RunRecord | None, second: RunRecord | None) -> float | None:
@@ -227,6 +273,8 @@ def tune(
     drafts: Sequence[Path] = (),
     workloads: Sequence[Workload] | None = None,
     key: TuningKey | None = None,
+    variants: Sequence[QuantVariant] | None = None,
+    kld_budget: float = KLD_BUDGET,
 ) -> TuneResult:
     """Measure within `budget_s` in all; store runs, efficiency and the winner.
 
@@ -241,6 +289,9 @@ def tune(
     `workloads` defaults to the shipped ones (`assets/speculative_prompts.json`). With
     `save_default=False` nothing is saved as a default (the wizard saves on Apply); runs are
     always recorded. `key` is the model's tuning key when the caller has computed it.
+    `variants` are the model's quant variants to try at the best settings found for the file
+    (None: those installed, `installed_variants`); when one wins, its file is the pick and the
+    winner is saved as that file's default (the tuned file keeps its own pick as its default).
     """
     notify = listener or (lambda _event: None)
     stop = cancel or threading.Event()
@@ -253,6 +304,9 @@ def tune(
         sync_recipes(db)
         spec = spec_from_gguf(model_path)
         notes = list(measure_missing_types(model_path, profile, db, clock))
+        if variants is None:
+            variants, variant_notes = installed_variants(model_path)
+            notes += variant_notes
         calibration = calibration_for(profile, db)
         # one slot: a run measures one request, and loads add the slots (load_settings.py)
         # the longest-context goal plans the longest context that fits, the others chat's
@@ -272,7 +326,7 @@ def tune(
         queue = _queue(baseline_config, base, python_config, profile)
         predictions = predicted_speeds(spec, profile, queue, calibration)
         audit_s = estimated_audit_s(base.n_ctx, planned.speed.prefill_tps, planned.speed.decode_tps)
-        clock.split(audit_s, speculation=speculation)
+        clock.split(audit_s, speculation=speculation, variants=bool(variants))
         roles = partial(_role, baseline_config, python_config)
         announce = _with_roles(notify, [roles(config) for config in queue])
         runs = _measure_candidates(
@@ -287,8 +341,18 @@ def tune(
         if tuned and not stop.is_set():
             quality = _kv_quality(db, model_path, key.model, tuned, rigor, clock, notify)
             notes += quality.notes
-        choice = choose(tuned, partial(_run_quality, quality), goal)
+        own = choose(tuned, partial(_run_quality, quality), goal, kld_budget)
+        tried = _Variants()
+        if own.best is not None and variants and not stop.is_set():
+            setup = _VariantSetup(
+                db, key, model_path, profile, calibration, rigor, clock, notify, stop
+            )
+            tried = _try_variants(setup, variants, own.best, runs.typical_s, len(queue) + 1)
+            notes += tried.notes
+        choice = _choice_with_variants(tuned, quality, tried, goal, kld_budget)
         best = choice.best
+        winner_key = best.key if best is not None else key
+        winner_path = _file_of(best, tried.variants, model_path)
         decisions: tuple[SpeculationDecision, ...] = ()
         if best is not None:
             n_ctx = int(best.config.get("n_ctx") or TUNING_CONTEXT)
@@ -296,8 +360,8 @@ def tune(
         if best is not None and speculation and not stop.is_set():
             decisions = decide_speculation(
                 db,
-                key,
-                model_path,
+                winner_key,
+                winner_path,
                 best.config,
                 rigor=rigor,
                 deadline=clock.speculation_end,  # no grace: the audit's time comes next
@@ -305,7 +369,7 @@ def tune(
                 workloads=workloads,
                 listener=notify,
                 cancel=stop,
-                first_index=len(queue) + 1,
+                first_index=len(queue) + len(variants) + 1,
             )
             notes += _speculation_notes(decisions, clock)
         audit = None
@@ -313,9 +377,9 @@ def tune(
             notes += _no_winner_notes(speculation)
         if best is not None:
             if save_default:
-                _save_defaults(db, key, best, goal, decisions)
+                _save_all(db, key, best, own.best, goal, decisions)
             if not stop.is_set():
-                audit, audit_note = _audit(db, key, model_path, best, clock)
+                audit, audit_note = _audit(db, winner_key, winner_path, best, clock)
                 notes += [audit_note] if audit_note is not None else []
         notify(TuneEvent("done", len(queue), len(queue), best.config if best else {}))
         return TuneResult(
@@ -323,7 +387,7 @@ def tune(
             goal,
             best,
             baseline,
-            tuple(runs.runs),
+            (*runs.runs, *tried.runs),
             planned,
             audit,
             decisions,
@@ -331,6 +395,10 @@ def tune(
             python_defaults,
             quality,
             choice.fastest,
+            kld_budget,
+            tried.variants,
+            own.best,
+            str(model_path),
         )
     finally:
         if owned:
@@ -390,9 +458,129 @@ def _run_quality(quality: KvQuality | None, run: RunRecord) -> RunQuality:
 
 
 @dataclass(frozen=True)
+class _VariantSetup:
+    """What trying the quant variants needs from the run so far."""
+
+    db: WisdomDB
+    key: TuningKey
+    model_path: Path
+    profile: HardwareProfile
+    calibration: dict[str, float]
+    rigor: Rigor
+    clock: TuneClock
+    notify: Listener
+    stop: threading.Event
+
+
+@dataclass(frozen=True)
+class _Variants:
+    runs: tuple[RunRecord, ...] = ()
+    variants: tuple[VariantRun, ...] = ()
+    notes: tuple[PhaseNote, ...] = ()
+
+
+def _try_variants(
+    setup: _VariantSetup,
+    variants: Sequence[QuantVariant],
+    best: RunRecord,
+    typical_s: float,
+    first_index: int,
+) -> _Variants:
+    """Each variant once at `best`'s settings, then its quality, until the variants' deadline;
+    one that no longer fits is left out with a note."""
+    runs: list[RunRecord] = []
+    tried: list[VariantRun] = []
+    notes: list[PhaseNote] = []
+    total = first_index + len(variants) - 1
+    for index, variant in enumerate(variants, start=first_index):
+        if setup.stop.is_set():
+            break
+        if setup.clock.now() + typical_s > setup.clock.variants_end:
+            notes.append(_variant_out_of_time(variant, typical_s, setup.clock))
+            continue
+        run, model = _variant_run(setup, variant, best, index, total)
+        runs += [run] if run is not None else []
+        quality, note = _variant_quality(setup, variant, run, model)
+        notes += [note] if note is not None else []
+        tried.append(VariantRun(variant.label, variant.model_id, str(variant.path), model, quality))
+    return _Variants(tuple(runs), tuple(tried), tuple(notes))
+
+
+def _variant_run(
+    setup: _VariantSetup, variant: QuantVariant, best: RunRecord, index: int, total: int
+) -> tuple[RunRecord | None, str]:
+    """`best`'s settings on the variant's file, with an f16 KV cache: the variant's quality is
+    measured with one, so the figure is this run's own. Stored under the variant's key."""
+    values = {**best.config, "model_path": str(variant.path), "type_k": "f16", "type_v": "f16"}
+    config = EngineConfig.from_dict(values)
+    key = replace(setup.key, model=model_fingerprint(variant.path))
+    spec = spec_from_gguf(variant.path)
+    (predicted,) = predicted_speeds(spec, setup.profile, [config], setup.calibration)
+
+    def notify(event: TuneEvent) -> None:
+        setup.notify(replace(event, variant=variant.label, model=key.model))
+
+    watchdog = Watchdog(setup.clock.variants_end + setup.clock.grace_s)
+    run = _try(setup.db, key, config, setup.rigor, None, predicted, index, total, notify, watchdog)
+    return run, key.model
+
+
+def _variant_quality(
+    setup: _VariantSetup, variant: QuantVariant, run: RunRecord | None, model: str
+) -> tuple[RunQuality, PhaseNote | None]:
+    if run is None or run.outcome != "ok":
+        return unmeasured_quality(), None
+    quality, note = variant_quality(
+        setup.model_path,
+        variant,
+        setup.db,
+        rigor=setup.rigor,
+        seconds_left=lambda: setup.clock.left_s(setup.clock.variants_end),
+        prefill_tps=run.prefill_tps,
+    )
+    if quality.measured:
+        message = f"{variant.label} (variant): mean KLD {quality.mean_kld:.4f} vs the tuned file"
+        event = TuneEvent("quality", 0, 0, run.config, message=message)
+        setup.notify(replace(event, variant=variant.label, model=model))
+    return quality, note
+
+
+def _variant_out_of_time(variant: QuantVariant, typical_s: float, clock: TuneClock) -> PhaseNote:
+    left_s = max(clock.left_s(clock.variants_end), 0.0)
+    why = (
+        f"{variant.label} not tried: {left_s:.0f} s of the budget for variants were left, "
+        f"a run takes about {typical_s:.1f} s here"
+    )
+    return PhaseNote("variants", why)
+
+
+def _choice_with_variants(
+    tuned: Sequence[RunRecord],
+    quality: KvQuality | None,
+    tried: _Variants,
+    goal: Goal,
+    kld_budget: float,
+) -> Choice:
+    """The goal's pick among the tuned file's runs and the variants', each at its quality."""
+    by_model = {variant.model: variant.quality for variant in tried.variants}
+
+    def run_quality(run: RunRecord) -> RunQuality:
+        return by_model.get(run.key.model) or _run_quality(quality, run)
+
+    return choose([*tuned, *tried.runs], run_quality, goal, kld_budget)
+
+
+def _file_of(best: RunRecord | None, variants: Sequence[VariantRun], model_path: Path) -> Path:
+    """The file the winning run loaded: a variant's, or the tuned one."""
+    chosen = next((v for v in variants if best is not None and v.model == best.key.model), None)
+    return Path(chosen.path) if chosen is not None else model_path
+
+
+@dataclass(frozen=True)
 class _Measured:
     runs: list[RunRecord]
     notes: list[PhaseNote]
+    typical_s: float = 0.0  # how long a measured candidate took (0: all answered from the DB)
 
 
 def _measure_candidates(
@@ -423,7 +611,7 @@ def _measure_candidates(
                 f"tried {index - 1} of {len(queue)}: the {max(share, 0):.0f} s of the "
                 f"budget for candidates ran out (one takes about {typical_s:.1f} s here)"
             )
-            return _Measured(runs, [PhaseNote("candidates", why)])
+            return _Measured(runs, [PhaseNote("candidates", why)], typical_s)
         started = clock.now()
         watchdog = Watchdog(deadline + clock.grace_s)
         predicted = predictions[index - 1]
@@ -432,7 +620,7 @@ def _measure_candidates(
             runs.append(run)
             if clock.now() - started > 0.5:  # measured now, not answered from the DB
                 durations.append(clock.now() - started)
-    return _Measured(runs, [])
+    return _Measured(runs, [], statistics.median(durations) if durations else 0.0)
 
 
 def _no_winner_notes(speculation: bool) -> list[PhaseNote]:
@@ -453,7 +641,7 @@ def _speculation_notes(
     unmeasured = [d.workload for d in decisions if d.reference_decode_tps is None]
     if not unmeasured:
         return []
-    share = clock.speculation_end - clock.quality_end
+    share = clock.speculation_end - clock.variants_end
     return [
         PhaseNote(
             "speculation",
@@ -468,8 +656,23 @@ def save_tuned_defaults(db: WisdomDB, result: TuneResult) -> bool:
     on Apply). False when there was no winner to save."""
     if result.best is None:
         return False
-    _save_defaults(db, result.key, result.best, result.goal, result.speculation)
+    _save_all(db, result.key, result.best, result.file_best, result.goal, result.speculation)
     return True
+
+
+def _save_all(
+    db: WisdomDB,
+    key: TuningKey,
+    best: RunRecord,
+    file_best: RunRecord | None,
+    goal: Goal,
+    decisions: Sequence[SpeculationDecision],
+) -> None:
+    """The winner as its own file's default; when a variant won, the tuned file (`key`)
+    keeps its own pick as its default, so loading either file gets tuned settings."""
+    _save_defaults(db, best.key, best, goal, decisions)
+    if file_best is not None and best.key != key:
+        _save_defaults(db, key, file_best, goal, ())
 
 
 def _save_defaults(
@@ -562,7 +765,7 @@ def _try(
     key: TuningKey,
     config: EngineConfig,
     rigor: Rigor,
-    planned: Plan,
+    planned: Plan | None,  # None: not the planner's model, so nothing to learn from
     speed: SpeedEstimate | None,
     index: int,
     total: int,
@@ -600,7 +803,7 @@ def _try(
     notify(TuneEvent("start", index, total, settings, predicted))
     run = db.record_run(_measure(key, config, rigor, speed, watchdog))
     if run.outcome == "ok":
-        if _same(settings, planned.config):  # the prediction is for the planner's own pick
+        if planned is not None and _same(settings, planned.config):  # its prediction's
             _learn(db, key, run, planned)
         notify(
             TuneEvent(

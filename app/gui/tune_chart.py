@@ -49,6 +49,7 @@ class ChartEntry:
     chosen: bool = False
     quality: str = ""  # e.g. "KLD 0.002"; "" until known
     over_budget: bool = False  # its KLD is over the goal's budget: not chosen for it
+    variant: str = ""  # an installed quant variant's label ("Q4_0") when the run is of that file
 
     @property
     def has_result(self) -> bool:
@@ -58,10 +59,14 @@ class ChartEntry:
 BASELINE_NAMES = {"llama.cpp": "llama.cpp defaults", "llama-cpp-python": "Llama() defaults"}
 
 
-def candidate_label(config: dict[str, Any], baseline: str = "") -> tuple[str, str]:
-    """Two short lines naming a candidate's settings."""
+def candidate_label(
+    config: dict[str, Any], baseline: str = "", variant: str = ""
+) -> tuple[str, str]:
+    """Two short lines naming a candidate's settings (and its file, for a quant variant)."""
     threads = config.get("n_threads")
     first = BASELINE_NAMES.get(baseline) or f"{threads} thread{'s' if threads != 1 else ''}"
+    if variant:
+        first = f"{variant} file · {first}"
     flash = "FA on" if config.get("flash_attn") else "FA off"
     second = f"{flash} · ub {config.get('n_ubatch')} · KV {config.get('type_k')}"
     return first, second
@@ -77,7 +82,7 @@ def memory_text(size_bytes: int | None) -> str:
 
 def entry_description(entry: ChartEntry) -> str:
     """The tooltip and accessible text of one candidate."""
-    first, second = candidate_label(entry.config, entry.baseline)
+    first, second = candidate_label(entry.config, entry.baseline, entry.variant)
     parts = [f"Candidate {entry.index}: {first}, {second}"]
     if entry.predicted_tps is not None:
         parts.append(f"predicted {entry.predicted_tps:.1f} tok/s")
@@ -147,6 +152,7 @@ class TuneChart(QWidget):
             memory_bytes=memory_bytes,
             note=event.message,
             baseline=event.baseline,
+            variant=event.variant,
         )
         self._put(entry)
 
@@ -157,20 +163,26 @@ class TuneChart(QWidget):
         ]
         self._changed()
 
-    def mark_chosen(self, config: dict[str, Any] | None) -> None:
-        """Highlight the winner (`config` as the tuner stored it; None: no winner)."""
-        chosen = config_key(config) if config is not None else None
+    def mark_chosen(self, config: dict[str, Any] | None, variant: str = "") -> None:
+        """Highlight the winner (`config` as the tuner stored it, on the tuned file or on the
+        quant variant `variant`; None: no winner)."""
+        chosen = (config_key(config), variant) if config is not None else None
         self.entries = [
-            replace(e, chosen=e.baseline != "llama-cpp-python" and config_key(e.config) == chosen)
+            replace(
+                e,
+                chosen=e.baseline != "llama-cpp-python"
+                and (config_key(e.config), e.variant) == chosen,
+            )
             for e in self.entries
         ]
         self._changed()
 
-    def mark_quality(self, kv_type: str, text: str, over_budget: bool) -> None:
-        """The quality of every candidate with a `kv_type` KV cache (they share one file)."""
+    def mark_quality(self, kv_type: str, text: str, over_budget: bool, variant: str = "") -> None:
+        """The quality of every candidate with a `kv_type` KV cache on the same file (the
+        tuned one, or the quant variant `variant`)."""
         self.entries = [
             replace(e, quality=text, over_budget=over_budget)
-            if e.config.get("type_k") == kv_type
+            if e.config.get("type_k") == kv_type and e.variant == variant
             else e
             for e in self.entries
         ]
@@ -378,7 +390,7 @@ class TuneChart(QWidget):
     def _labels(self, painter: QPainter, rect: QRectF, entry: ChartEntry) -> None:
         colours = self._colours()
         metrics = QFontMetrics(self.font())
-        first, second = candidate_label(entry.config, entry.baseline)
+        first, second = candidate_label(entry.config, entry.baseline, entry.variant)
         y = rect.bottom() + metrics.ascent() + 4
         quality_colour = colours["failed"] if entry.over_budget else colours["muted"]
         lines = (

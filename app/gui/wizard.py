@@ -97,6 +97,7 @@ from hearthside.autotune.optimize import (
     recorded_run,
     settings_rows,
     survey,
+    variant_text,
     verdict,
 )
 from hearthside.autotune.planner import GOALS, Goal, Plan, Reason
@@ -178,7 +179,21 @@ def mark_quality(chart: TuneChart, result: TuneResult) -> None:
         if run.outcome == "ok" and run is not result.python_defaults:
             over = result.quality_of(run).mean_kld > result.kld_budget
             short = quality_text(result, run).split(",")[0]
-            chart.mark_quality(str(run.config.get("type_k")), short, over)
+            variant = result.variant_of(run)
+            label = variant.label if variant is not None else ""
+            chart.mark_quality(str(run.config.get("type_k")), short, over, label)
+
+
+def applied_tuning(result: TuneResult, choice: ModelChoice) -> AppliedTuning:
+    """What the window reloads after Apply: the tuned model, or the installed quant variant
+    that won (its own default now holds the settings)."""
+    assert result.best is not None and choice.path is not None
+    variant = result.chosen_variant
+    model_id, name, path = choice.ref, choice.name, str(choice.path)
+    if variant is not None:
+        model_id, name, path = variant.model_id, f"{choice.name} ({variant.label})", variant.path
+    config = EngineConfig.from_dict({**result.best.config, "model_path": path})
+    return AppliedTuning(model_id, name, config, result.speedup)
 
 
 # ---- runners: where page 3's updates come from ------------------------------------------------
@@ -707,7 +722,7 @@ class MeasurePage(QWizardPage):
         self.total = event.total
         self.chart.add_event(event, update.memory_bytes, update.outcome)
         if event.kind == "start" and not self.stopping:
-            first, second = candidate_label(event.config, event.baseline)
+            first, second = candidate_label(event.config, event.baseline, event.variant)
             self.status.setText(f"Measuring {first}, {second} ({event.index} of {event.total})…")
         else:
             self.done_count += 1
@@ -735,7 +750,8 @@ class MeasurePage(QWizardPage):
         self.progress.setValue(100)
         runs = result.runs if result is not None else ()
         if result is not None and result.best is not None:
-            self.chart.mark_chosen(result.best.config)
+            winner = result.chosen_variant
+            self.chart.mark_chosen(result.best.config, winner.label if winner else "")
         if result is not None:
             mark_quality(self.chart, result)
         measured = _count(sum(1 for run in runs if run.outcome == "ok"), "setting")
@@ -859,13 +875,16 @@ class ResultPage(QWizardPage):
         self.reasons.setText(_reasons_html(measured_reasons(result)))
         self.audit.setText(f"Context check: {audit_text(result)}")
         name = self._wizard.choice.name if self._wizard.choice else "this model"
+        lines = [variant_text(result, variant) for variant in result.variants]
+        winner = result.chosen_variant
+        if winner is not None:
+            name = f"the {winner.label} variant ({winner.model_id})"
         if result.best is not None:
-            self.note.setText(
+            lines.append(
                 f"Apply makes these settings {name}'s default on this machine and reloads the "
                 "chat with them."
             )
-        else:
-            self.note.setText("")
+        self.note.setText("\n".join(lines))
         self._wizard.offer_apply(result.best is not None)
 
     def show_plan(self, planned: Plan) -> None:
@@ -1140,8 +1159,7 @@ class OptimizeWizard(QWizard):
         assert choice is not None and choice.path is not None
         self.applying = False
         self.result_page.show_applying(False)
-        config = EngineConfig.from_dict({**result.best.config, "model_path": str(choice.path)})
-        self.applied_tuning = AppliedTuning(choice.ref, choice.name, config, result.speedup)
+        self.applied_tuning = applied_tuning(result, choice)
         self.applied.emit(self.applied_tuning)
         self._apply_saved = True
         self.accept()  # validates the page again: apply() now says yes

@@ -334,6 +334,7 @@ class WorkerEngine:
         cancel_sent = False
         try:
             while True:
+                answer: tuple[Any, ...] | None
                 try:
                     answer = call.answers.get(timeout=poll_s)
                 except queue.Empty:

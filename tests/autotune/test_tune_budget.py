@@ -18,6 +18,7 @@ from hearthside.autotune.tune_budget import (
     AUDIT_SHARE,
     QUALITY_SHARE,
     SPECULATION_SHARE,
+    VARIANTS_SHARE,
     TuneClock,
     Watchdog,
 )
@@ -98,6 +99,18 @@ def test_the_phases_share_one_budget() -> None:
     clock.split(audit_s=3.0, speculation=False, quality=False)
     assert clock.candidates_end == clock.quality_end == clock.speculation_end == 137.0
     assert clock.grace_s == pytest.approx(4.0)
+
+
+def test_a_model_with_quant_variants_gives_them_time_between_quality_and_speculation() -> None:
+    now = [100.0]
+    clock = TuneClock(40.0, now=lambda: now[0])
+    clock.split(audit_s=3.0, speculation=True)
+    assert clock.variants_end == clock.quality_end  # none: the phase has no time
+    clock.split(audit_s=3.0, speculation=True, variants=True)
+    shared = clock.speculation_end - 100.0
+    assert clock.variants_end == pytest.approx(clock.speculation_end - SPECULATION_SHARE * shared)
+    assert clock.quality_end == pytest.approx(clock.variants_end - VARIANTS_SHARE * shared)
+    assert clock.candidates_end == pytest.approx(clock.quality_end - QUALITY_SHARE * shared)
 
 
 def test_an_audit_out_of_time_stops_filling_and_says_how_far_it_checked(

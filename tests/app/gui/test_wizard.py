@@ -28,13 +28,21 @@ from hearthside.app.gui.wizard import (
     PAGE_MEASURE,
     PAGE_RESULT,
     OptimizeWizard,
+    applied_tuning,
     mark_quality,
     wizard_for_screenshots,
 )
 from hearthside.autotune import optimize, tuner
-from hearthside.autotune.optimize import AppliedTuning, TuneRecording, recorded_run, survey
-from hearthside.autotune.tuner import TuneEvent, TuneResult
-from hearthside.autotune.wisdom import WisdomDB, config_key
+from hearthside.autotune.goals import RunQuality
+from hearthside.autotune.optimize import (
+    AppliedTuning,
+    ModelChoice,
+    TuneRecording,
+    recorded_run,
+    survey,
+)
+from hearthside.autotune.tuner import TuneEvent, TuneResult, VariantRun
+from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage
 from hearthside.core.engine.service import EngineService
@@ -379,6 +387,53 @@ def test_the_chart_marks_the_runs_over_the_quality_budget(qtbot: QtBot) -> None:
     assert chart.entries[-1] in over
     assert "over the quality budget, not chosen" in chart.accessibleDescription()
     assert all(entry.quality for entry in chart.entries)
+
+
+def with_winning_variant(result: TuneResult) -> tuple[TuneResult, RunRecord]:
+    """The recorded result with an installed Q4_0 variant that ran faster, within the budget,
+    at the same settings as the tuned file's pick."""
+    assert result.best is not None
+    variant = VariantRun(
+        "Q4_0",
+        "smollm2-q4_0",
+        "/models/smollm2-q4_0.gguf",
+        "fp-q4_0",
+        RunQuality(0.01, "measured", 0.97),
+    )
+    faster = replace(
+        result.best,
+        key=replace(result.best.key, model=variant.model),
+        decode_tps=(result.best.decode_tps or 1.0) * 1.3,
+        id=None,
+    )
+    runs = (*result.runs, faster)
+    return replace(
+        result, runs=runs, variants=(variant,), file_best=result.best, best=faster
+    ), faster
+
+
+def test_a_winning_quant_variant_is_starred_and_applied_as_itself(qtbot: QtBot) -> None:
+    result, faster = with_winning_variant(recorded_run().result)
+    assert result.chosen_variant is not None and result.best is faster
+    chart = TuneChart()
+    qtbot.addWidget(chart)
+    for index, run in enumerate(result.runs, start=1):
+        label = "Q4_0" if run is faster else ""
+        chart.add_event(
+            TuneEvent("measured", index, 9, run.config, decode_tps=run.decode_tps, variant=label)
+        )
+    chart.mark_chosen(result.best.config, "Q4_0")
+    mark_quality(chart, result)
+    starred = [entry for entry in chart.entries if entry.chosen]
+    # Same settings as the tuned file's pick: only the variant's bar is the winner.
+    assert [entry.variant for entry in starred] == ["Q4_0"]
+    assert starred[0].quality.startswith("KLD 0.0100")
+    assert "Q4_0 file" in chart.accessibleDescription()
+    choice = ModelChoice("smollm2", "SmolLM2", "", Path("/models/smollm2.gguf"))
+    applied = applied_tuning(result, choice)
+    assert applied.model_id == "smollm2-q4_0"
+    assert applied.config.model_path == "/models/smollm2-q4_0.gguf"
+    assert "Q4_0" in applied.model_name
 
 
 def recorded_result_page(qtbot: QtBot) -> tuple[OptimizeWizard, TuneResult]:
