@@ -2,15 +2,56 @@
 
 from __future__ import annotations
 
+import ctypes
+import shutil
 from pathlib import Path
 
 import gguf
+import llama_cpp
 import numpy as np
+
+from hearthside.core.models.store import ModelStore
+from hearthside.core.paths import data_dir
 
 _BYTE_TOKEN_TYPE = 6
 _NORMAL_TOKEN_TYPE = 1
 _CONTROL_TOKEN_TYPE = 3
 _UNKNOWN_TOKEN_TYPE = 2
+
+
+LLAMA_FTYPE = {"F16": 1, "Q4_0": 2, "Q8_0": 7}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
+
+
+def quantize_file(source: Path, target: Path, quant: str) -> Path:
+    """`source` re-quantized to `quant` by llama.cpp (a second or two for SmolLM2)."""
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPE[quant]
+    params.allow_requantize = True
+    params.nthread = 2
+    written = llama_cpp.llama_model_quantize(
+        str(source).encode(), str(target).encode(), ctypes.byref(params)
+    )
+    assert written == 0
+    return target
+
+
+def register_tiny_variants(files: dict[str, Path]) -> dict[str, Path]:
+    """Install synthetic `tiny-q8_0`/`tiny-q4_0` files in the model store: Q8_0 as the
+    original, Q4_0 as a variant quantized from it. Returns the installed paths by quant."""
+    installed = {}
+    with ModelStore(data_dir()) as store:
+        for quant, source in files.items():
+            target = store.models_dir / source.name
+            shutil.copyfile(source, target)
+            store.register_installed(
+                target,
+                model_id=source.stem,
+                source="file" if quant == "Q8_0" else "quantized:tiny-q8_0",
+                variant_of=None if quant == "Q8_0" else "tiny-q8_0",
+                check_native=False,
+            )
+            installed[quant] = target
+    return installed
 
 
 def write_tiny_gguf(

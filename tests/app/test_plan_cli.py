@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from hearthside.app.cli import main
-from hearthside.core.models.store import ModelStore
-from hearthside.core.paths import data_dir
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
+from tests.gguf_samples import register_tiny_variants
 
 SPECS = Path(__file__).parents[1] / "fixtures" / "probe" / "specs"
 
@@ -101,17 +99,7 @@ def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def installed_variants(tiny_files: dict[str, Path]) -> str:
     """A small synthetic model installed as Q8_0, with a Q4_0 variant made from it."""
-    with ModelStore(data_dir()) as store:
-        for quant, source in tiny_files.items():
-            target = store.models_dir / source.name
-            shutil.copyfile(source, target)
-            store.register_installed(
-                target,
-                model_id=source.stem,
-                source="file" if quant == "Q8_0" else "quantized:tiny-q8_0",
-                variant_of=None if quant == "Q8_0" else "tiny-q8_0",
-                check_native=False,
-            )
+    register_tiny_variants(tiny_files)
     return "tiny-q4_0"
 
 

@@ -3,12 +3,10 @@ named as such, for the other models of that family until they are measured thems
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import sqlite3
 from pathlib import Path
 
-import llama_cpp
 import pytest
 
 from hearthside.autotune.family_quality import kv_priors, kv_priors_for_file
@@ -20,6 +18,7 @@ from hearthside.autotune.tune_quality import kv_quality
 from hearthside.autotune.wisdom import QualityRecord, WisdomDB
 from hearthside.core.models.catalog import catalog_spec
 from tests.autotune.test_planner import machine
+from tests.gguf_samples import quantize_file
 
 SHORT_CTX = 128
 SHORT_TEXT_CHARS = 700  # one chunk of 128 SmolLM2 tokens: 63 positions scored
@@ -119,26 +118,12 @@ def test_the_planner_keeps_fastest_within_the_budget_by_the_family_figures() -> 
     assert sensitive.config.type_k == "f16"  # both quantized caches hurt this family
 
 
-def requantized(source: Path, target: Path, ftype: int) -> Path:
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.allow_requantize = True
-    params.nthread = 2
-    assert (
-        llama_cpp.llama_model_quantize(
-            str(source).encode(), str(target).encode(), ctypes.byref(params)
-        )
-        == 0
-    )
-    return target
-
-
 @pytest.mark.slow  # one reference pass and one q4_0 pass over 128 tokens, one re-quantization
 def test_a_kv_type_measured_by_the_engine_is_the_prior_of_another_file_of_the_family(
     chat_model_file: Path, tmp_path: Path
 ) -> None:
     text = load_eval_text().head(SHORT_TEXT_CHARS)
-    q8_0 = requantized(chat_model_file, tmp_path / "smollm2-q8_0.gguf", 7)  # LLAMA_FTYPE Q8_0
+    q8_0 = quantize_file(chat_model_file, tmp_path / "smollm2-q8_0.gguf", "Q8_0")
     with WisdomDB(tmp_path / "wisdom.db") as db:
         reference = Candidate(chat_model_file, "Q4_1")
         report = measure_quality(

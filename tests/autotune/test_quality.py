@@ -3,12 +3,10 @@ and KV-cache types against the real default model, through the engine worker."""
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import math
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 import pytest
 
@@ -29,24 +27,15 @@ from hearthside.autotune.quality import (
 )
 from hearthside.autotune.wisdom import QualityRecord, WisdomDB, WisdomError
 from hearthside.core.models.store import ModelRecord
+from tests.gguf_samples import quantize_file
 
 SHORT_CTX = 128
 # One chunk of 128 SmolLM2 tokens (the text averages ~4.3 characters a token): 63 scored.
 SHORT_TEXT_CHARS = 700
-LLAMA_FTYPE = {"Q8_0": 7, "Q4_0": 2}
 
 
 def requantized(source: Path, quant: str, folder: Path) -> Path:
-    target = folder / f"smollm2-{quant.lower()}.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = LLAMA_FTYPE[quant]
-    params.allow_requantize = True
-    params.nthread = 2
-    written = llama_cpp.llama_model_quantize(
-        str(source).encode(), str(target).encode(), ctypes.byref(params)
-    )
-    assert written == 0
-    return target
+    return quantize_file(source, folder / f"smollm2-{quant.lower()}.gguf", quant)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,12 +7,10 @@ different, so the budget alone decides whether it is picked."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp
 import pytest
 
 from hearthside.app.tune_cli import describe_result, result_as_dict
@@ -25,20 +23,7 @@ from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.models.store import SOURCE_QUANTIZED_PREFIX, ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.runner import probe_hardware
-
-LLAMA_FTYPE = {"F16": 1, "Q4_0": 2}
-
-
-def quantized(source: Path, target: Path, quant: str) -> Path:
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = LLAMA_FTYPE[quant]
-    params.allow_requantize = True
-    params.nthread = 2
-    written = llama_cpp.llama_model_quantize(
-        str(source).encode(), str(target).encode(), ctypes.byref(params)
-    )
-    assert written == 0
-    return target
+from tests.gguf_samples import quantize_file
 
 
 @dataclass(frozen=True)
@@ -58,8 +43,8 @@ class FirstTune:
 @pytest.fixture(scope="module")
 def files(chat_model_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Files:
     folder = tmp_path_factory.mktemp("variants")
-    original = quantized(chat_model_file, folder / "smollm2-f16.gguf", "F16")
-    variant = quantized(original, folder / "smollm2-q4_0.gguf", "Q4_0")
+    original = quantize_file(chat_model_file, folder / "smollm2-f16.gguf", "F16")
+    variant = quantize_file(original, folder / "smollm2-q4_0.gguf", "Q4_0")
     return Files(original, QuantVariant("Q4_0", variant, "smollm2-q4_0"), folder)
 
 

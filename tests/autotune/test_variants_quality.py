@@ -5,7 +5,6 @@ never measured keeps bits per weight and says how to measure it."""
 from __future__ import annotations
 
 import functools
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,10 +23,9 @@ from hearthside.autotune.variants import (
 )
 from hearthside.autotune.wisdom import QualityRecord, WisdomDB
 from hearthside.core.models.catalog import catalog_spec
-from hearthside.core.models.store import ModelStore
-from hearthside.core.paths import data_dir
 from tests.autotune.test_planner import machine
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
+from tests.gguf_samples import register_tiny_variants
 
 QUANTS = ("Q8_0", "Q6_K", "Q4_K_M", "Q4_0", "Q2_K")
 # What `hearthside quality` reported for Gemma 3 270M's variants, rounded: the shape of real
@@ -117,23 +115,12 @@ def test_an_unmeasured_variant_keeps_the_bits_rule_and_says_how_to_measure_it() 
 
 def install_tiny_variants(folder: Path) -> dict[str, Path]:
     """A small synthetic model installed as Q8_0 with a Q4_0 variant made from it."""
-    installed = {}
-    with ModelStore(data_dir()) as store:
-        for quant in ("Q8_0", "Q4_0"):
-            source = write_synthetic_gguf(
-                folder / f"tiny-{quant.lower()}.gguf", "tiny-dense", quant
-            )
-            target = store.models_dir / source.name
-            shutil.copyfile(source, target)
-            store.register_installed(
-                target,
-                model_id=source.stem,
-                source="file" if quant == "Q8_0" else "quantized:tiny-q8_0",
-                variant_of=None if quant == "Q8_0" else "tiny-q8_0",
-                check_native=False,
-            )
-            installed[quant] = target
-    return installed
+    return register_tiny_variants(
+        {
+            quant: write_synthetic_gguf(folder / f"tiny-{quant.lower()}.gguf", "tiny-dense", quant)
+            for quant in ("Q8_0", "Q4_0")
+        }
+    )
 
 
 def variant_row(reference: Path, candidate: Path, mean_kld: float) -> QualityRecord:

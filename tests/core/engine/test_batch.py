@@ -32,7 +32,6 @@ with one thread a busy machine slows every step alike.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import json
 import statistics
@@ -51,6 +50,7 @@ from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult, _load_llama
 from hearthside.core.engine.grammar_limits import GrammarError
 from hearthside.core.errors import ContextOverflowError, EngineError
+from tests.gguf_samples import quantize_file
 
 SLOTS = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
@@ -90,15 +90,9 @@ def exact(chat_model_file: Path) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def q4_0_file(chat_model_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default model requantized to Q4_0 (about a second)."""
-    target = tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
-    params.allow_requantize = True
-    written = llama_cpp.llama_model_quantize(
-        str(chat_model_file).encode(), str(target).encode(), ctypes.byref(params)
+    return quantize_file(
+        chat_model_file, tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf", "Q4_0"
     )
-    assert written == 0
-    return target
 
 
 @pytest.fixture(scope="module")
