@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hearthside.autotune.cpu_costs import KernelCosts
+from hearthside.autotune.cpu_costs import KernelCosts, kernel_costs, last_token_seconds
 from hearthside.autotune.fingerprint import (
     engine_fingerprint,
     machine_fingerprint,
@@ -29,6 +29,8 @@ from hearthside.core.errors import HearthsideError
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.kernels.engine_run import (
+    LAST_TOKEN_BYTES,
+    LAST_TOKEN_ROWS,
     OVERHEAD_PROBE,
     PREFILL_ROWS,
     PREFILL_WEIGHTS,
@@ -193,6 +195,9 @@ def engine_efficiency(report: CalibrationReport, figures: dict[str, float]) -> d
     - <kind>_overhead_s_per_layer: the fixed cost per layer and token, mostly from the tiny
       probe; and <kind>_overhead_s_per_layer:<architecture>: the shipped model's own, from
       what its run leaves after its weights' costs (gemma3's extra norms cost ~4x llama's).
+
+    Prefill is fitted per prompt token: what a run's batch cost once (`last_token_seconds`,
+    at the decode costs fitted first) is taken off its time before it is shared out.
     """
     runs = _engine_runs(report)
     bandwidth, flops = figures.get("cpu_read_bytes_per_s"), figures.get("cpu_flops")
@@ -211,7 +216,9 @@ def engine_efficiency(report: CalibrationReport, figures: dict[str, float]) -> d
         )
         fitted.update(_fit(runs, kind, repacked))
     if flops:
-        kind = _Kind("prefill", PREFILL_WEIGHTS, PREFILL_ROWS, 2 / flops, _prefill_seconds)
+        decode = kernel_costs(fitted, "decode", 1 / bandwidth, repacked) if bandwidth else None
+        seconds = _prefill_seconds(decode, fitted)
+        kind = _Kind("prefill", PREFILL_WEIGHTS, PREFILL_ROWS, 2 / flops, seconds)
         fitted.update(_fit(runs, kind, repacked))
     return fitted
 
@@ -223,6 +230,7 @@ class _EngineRun:
     # kernels.engine_run.WORK_KEYS (per_token_work)
     decode_tps: float | None
     prefill_tps: float | None
+    n_prompt: int = 0  # the prefill run's batch
 
 
 def _engine_runs(report: CalibrationReport) -> list[_EngineRun]:
@@ -236,6 +244,8 @@ def _engine_runs(report: CalibrationReport) -> list[_EngineRun]:
         key = str(measurement.params.get("probe") or measurement.params.get("model_path"))
         entry = by_model.setdefault(key, {"params": measurement.params})
         entry[measurement.kind] = measurement.value
+        if measurement.kind == "engine_prefill":
+            entry["n_prompt"] = int(measurement.params.get("n_prompt") or 0)
     runs = []
     for entry in by_model.values():
         params = entry["params"]
@@ -251,7 +261,11 @@ def _engine_runs(report: CalibrationReport) -> list[_EngineRun]:
         work |= {key: work_by_type(params, key) for key in WORK_KEYS}
         runs.append(
             _EngineRun(
-                params.get("probe"), work, entry.get("engine_decode"), entry.get("engine_prefill")
+                params.get("probe"),
+                work,
+                entry.get("engine_decode"),
+                entry.get("engine_prefill"),
+                entry.get("n_prompt", 0),
             )
         )
     return runs
@@ -292,8 +306,21 @@ def _decode_seconds(bandwidth: float) -> Callable[[_EngineRun], float | None]:
     return seconds
 
 
-def _prefill_seconds(run: _EngineRun) -> float | None:
-    return 1 / run.prefill_tps if run.prefill_tps else None
+def _prefill_seconds(
+    decode: KernelCosts | None, figures: dict[str, float]
+) -> Callable[[_EngineRun], float | None]:
+    def seconds(run: _EngineRun) -> float | None:
+        if not run.prefill_tps:
+            return None
+        if decode is None or not run.n_prompt:  # a report from before batches were costed
+            return 1 / run.prefill_tps
+        once = last_token_seconds(
+            decode, figures, run.work[LAST_TOKEN_BYTES], run.work[LAST_TOKEN_ROWS]
+        )
+        per_token = 1 / run.prefill_tps - once / run.n_prompt
+        return per_token if per_token > 0 else 1 / run.prefill_tps
+
+    return seconds
 
 
 def _fit(runs: list[_EngineRun], kind: _Kind, repacked: frozenset[str]) -> dict[str, float]:

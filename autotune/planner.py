@@ -37,6 +37,8 @@ from hearthside.autotune.cpu_costs import (
     KernelCosts,
     bits_per_weight,
     describe_key,
+    kernel_costs,
+    last_token_seconds,
     layer_seconds,
 )
 from hearthside.autotune.goals import KLD_BUDGET, RunQuality, kv_prior, kv_quality_text
@@ -144,6 +146,16 @@ class SpeedEstimate:
     # the share of the routed experts' bytes a token's page faults bring in (`_streaming`)
     expert_fetch_share: float = 0.0
     decode_read_bytes_per_token: int = 0  # weights a token reads on the bounding tier
+    # what a prompt batch costs once, whatever its length (`prefill_tps` is at
+    # PROMPT_TOKENS_FOR_TTFT tokens; `prefill_tps_at` gives other lengths)
+    prefill_batch_s: float = 0.0
+
+    def prefill_tps_at(self, n_tokens: int) -> float:
+        """Prompt tok/s for a prompt of `n_tokens` (one batch)."""
+        if not self.prefill_tps:
+            return 0.0
+        per_token = 1 / self.prefill_tps - self.prefill_batch_s / PROMPT_TOKENS_FOR_TTFT
+        return 1 / (per_token + self.prefill_batch_s / max(1, n_tokens))
 
 
 # "cache": the CPU's weights fit in its last-level cache (L3; Apple's SLC where the OS reports
@@ -274,13 +286,7 @@ class Machine:
         """Seconds per unit (byte read, weight multiplied) and per row, by calibrated weight
         type, for "decode" or "prefill" on the CPU."""
         ideal = 1 / self.cpu_bandwidth if kind == "decode" else 2 / self.cpu_flops
-        per_unit, per_row = {}, {}
-        for key, value in self.kernel_figures.items():
-            if key.startswith(f"{kind}_efficiency:") and value > 0:
-                per_unit[key.split(":", 1)[1]] = ideal / value
-            elif key.startswith(f"{kind}_row_s:"):
-                per_row[key.split(":", 1)[1]] = value
-        return KernelCosts(per_unit, per_row, self.repacked)
+        return kernel_costs(self.kernel_figures, kind, ideal, self.repacked)
 
     def cpu_seconds(
         self,
@@ -724,6 +730,9 @@ class TokenWork:
     layers: dict[str, int]
     read_rows: dict[str, dict[str, float]] = field(default_factory=dict)
     prefill_rows: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the matrices a prompt batch runs for its last token only: bytes and rows, once a batch
+    last_token_bytes: dict[str, dict[str, float]] = field(default_factory=dict)
+    last_token_rows: dict[str, dict[str, float]] = field(default_factory=dict)
     # the config's n_threads and n_threads_batch (None: the engine's default)
     decode_threads: int | None = None
     prefill_threads: int | None = None
@@ -736,8 +745,8 @@ def token_work(
     experts (costed under their own key, `experts_key`), and of the input embeddings one
     row, unless they double as the output layer;
     prefill multiplies the blocks' matrices for every prompt token (the output layer and the
-    last block's FFN run for the last one only). The same rule as
-    `kernels.engine_run.per_token_work`, placed."""
+    last block's FFN run for the last one only, once a batch: `last_token_bytes`). The same
+    rule as `kernels.engine_run.per_token_work`, placed."""
     n_layers = spec.n_layers or len(spec.layers)
     placement = LayerPlacement(n_layers, config, gpus)
     used_share = spec.n_expert_used / spec.n_expert if spec.n_expert else 1.0
@@ -745,6 +754,8 @@ def token_work(
     multiplied: dict[str, dict[str, float]] = {}
     read_rows: dict[str, dict[str, float]] = {}
     prefill_rows: dict[str, dict[str, float]] = {}
+    last_bytes: dict[str, dict[str, float]] = {}
+    last_rows: dict[str, dict[str, float]] = {}
     for piece in pieces:
         embeddings = piece.name.startswith("token_embd")
         if (embeddings and not spec.tied_embeddings) or (not embeddings and not piece.matmul):
@@ -767,6 +778,9 @@ def token_work(
             if in_block and not embeddings:
                 _add(multiplied, device, key, weights * split)
                 _add(prefill_rows, device, key, piece.rows * split)
+            else:
+                _add(last_bytes, device, key, piece.bytes * split)
+                _add(last_rows, device, key, piece.rows * split)
     layers: dict[str, int] = {}
     for index in range(n_layers):
         device = placement.device_of(index)
@@ -777,6 +791,8 @@ def token_work(
         layers,
         read_rows,
         prefill_rows,
+        last_bytes,
+        last_rows,
         decode_threads=config.n_threads,
         prefill_threads=config.n_threads_batch,
     )
@@ -863,10 +879,12 @@ def _speed(
     limit = {CPU: cpu_limit, "disk": "disk"}.get(bound_by, "memory bandwidth")
     learned_decode = machine.learned.get(f"decode:{bound_by}", 1.0)
     learned_prefill = machine.learned.get(f"prefill:{bound_by}", 1.0)
-    prefill = _prefill_tps(spec, machine, work) * learned_prefill
+    per_prompt_token, per_batch = _prefill_seconds(spec, machine, work)
+    prefill = learned_prefill / (per_prompt_token + per_batch / PROMPT_TOKENS_FOR_TTFT)
     empty = per_token - kv_seconds
     return SpeedEstimate(
         prefill_tps=prefill,
+        prefill_batch_s=per_batch / learned_prefill,
         decode_tps=learned_decode / per_token if per_token else 0.0,
         ttft_s=PROMPT_TOKENS_FOR_TTFT / prefill if prefill else float("inf"),
         decode_bound_by=bound_by,
@@ -983,9 +1001,11 @@ def _cpu_seconds(kind: str, spec: ModelSpec, machine: Machine, work: TokenWork) 
     )
 
 
-def _prefill_tps(spec: ModelSpec, machine: Machine, work: TokenWork) -> float:
-    """Prefill: on the CPU, the calibrated costs of the weights and rows multiplied and of
-    the layers; on a GPU, 2 FLOPs per multiplied weight at a share of its peak."""
+def _prefill_seconds(spec: ModelSpec, machine: Machine, work: TokenWork) -> tuple[float, float]:
+    """Prefill: seconds per prompt token — on the CPU, the calibrated costs of the weights
+    and rows multiplied and of the layers; on a GPU, 2 FLOPs per multiplied weight at a share
+    of its peak — and seconds once a batch: on the CPU, what it runs for the last token only
+    (`last_token_seconds`), which short prompts feel most."""
     seconds = 0.0
     for device, weights in work.prefill_weights.items():
         if device == CPU:
@@ -996,7 +1016,16 @@ def _prefill_tps(spec: ModelSpec, machine: Machine, work: TokenWork) -> float:
     if not seconds:  # a spec without block tensors: all its parameters, on the CPU
         params = spec.active_params or spec.total_params or 1
         seconds = 2 * params / (machine.cpu_flops * machine.prefill_efficiency)
-    return 1.0 / seconds
+    once = 0.0
+    decode = machine.cpu_costs("decode")
+    if CPU in work.last_token_bytes and decode.per_unit:
+        once = last_token_seconds(
+            decode,
+            machine.kernel_figures,
+            work.last_token_bytes[CPU],
+            work.last_token_rows.get(CPU, {}),
+        ) / machine.thread_speedup("decode", work.prefill_threads)
+    return seconds, once
 
 
 def _peak_flops(machine: Machine, device: str) -> float:

@@ -895,7 +895,8 @@ def _learn(db: WisdomDB, key: TuningKey, run: RunRecord, planned: Plan) -> None:
     """Measured over predicted, per kind of work, for the tier that bounded the prediction:
     from the run of the planner's own pick only (the prediction is for those settings), and
     decode against the empty-context figure, which is what llama-bench's tg measures. Against
-    the prediction before the factors learned so far, which it already carries."""
+    the prediction before the factors learned so far, which it already carries; prefill at
+    the run's prompt length."""
     speed = planned.speed
     tier = speed.decode_bound_by
     predicted_decode = (speed.decode_tps_empty_context or speed.decode_tps) / speed.learned_decode
@@ -903,7 +904,9 @@ def _learn(db: WisdomDB, key: TuningKey, run: RunRecord, planned: Plan) -> None:
         db.learn_efficiency(
             key.machine, key.engine, tier, "decode", run.decode_tps / predicted_decode
         )
-    predicted_prefill = speed.prefill_tps / speed.learned_prefill
+    # the run's prompt length: a short prompt feels the batch's once-only work more
+    n_prompt = (THOROUGH if run.rigor == "thorough" else QUICK).n_prompt
+    predicted_prefill = speed.prefill_tps_at(n_prompt) / speed.learned_prefill
     if run.prefill_tps and predicted_prefill:
         db.learn_efficiency(
             key.machine, key.engine, tier, "prefill", run.prefill_tps / predicted_prefill

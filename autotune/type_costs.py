@@ -23,13 +23,15 @@ from typing import Any
 import numpy as np
 
 from hearthside.autotune.calibration import logits_seconds, planner_figures
-from hearthside.autotune.cpu_costs import KernelCosts, layer_seconds
+from hearthside.autotune.cpu_costs import KernelCosts, last_token_seconds, layer_seconds
 from hearthside.autotune.fingerprint import machine_fingerprint
 from hearthside.autotune.memory import WeightPiece
 from hearthside.autotune.planner import Machine, describe_machine
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.kernels.engine_run import (
+    LAST_TOKEN_BYTES,
+    LAST_TOKEN_ROWS,
     PREFILL_ROWS,
     PREFILL_WEIGHTS,
     READ_BYTES,
@@ -227,6 +229,7 @@ def _runs_by_probe(measurements: list[Measurement], bandwidth: float) -> dict[st
         if not (m.ok and probe and m.value):
             continue
         run = runs.setdefault(str(probe), _Run({}, dict(m.params)))
+        run.params.update(m.params)  # the prefill's n_prompt beside the decode's n_gen
         seconds = 1 / m.value
         if m.kind == "engine_decode":
             run.seconds["decode"] = seconds - logits_seconds(int(m.params["n_vocab"]), bandwidth)
@@ -248,6 +251,8 @@ def _fit_type(type_plan: _TypePlan, runs: dict[str, _Run], machine: Machine) -> 
         per_unit, per_row = fitted
         figures[f"{kind}_efficiency:{type_name}"] = _ideal_per_unit(machine, kind) / per_unit
         figures[f"{kind}_row_s:{type_name}"] = per_row
+        # a prefill probe's last-token matrices are of this type: read at its decode cost
+        machine = replace(machine, kernel_figures=machine.kernel_figures | figures)
     note = f"measured beside {reference}" if reference else "measured"
     return TypeCost(type_name, reference, figures, note)
 
@@ -289,9 +294,20 @@ def _speed_now(reference: _Run | None, kind: str, costs: KernelCosts, machine: M
 
 
 def _fixed_seconds(kind: str, run: _Run, machine: Machine) -> float:
+    """A token's seconds beside its weights': its layers', the call's, and for prefill its
+    share of what the batch runs once (`last_token_seconds`)."""
     figures = machine.kernel_figures
     per_layer = layer_seconds(figures, kind, PROBE_ARCHITECTURE)
     per_token = figures.get(f"{kind}_overhead_s_per_token", 0.0)
+    n_prompt = int(run.params.get("n_prompt") or 0)
+    if kind == "prefill" and n_prompt:
+        once = last_token_seconds(
+            machine.cpu_costs("decode"),
+            figures,
+            run.work(LAST_TOKEN_BYTES),
+            run.work(LAST_TOKEN_ROWS),
+        )
+        per_token += once / n_prompt
     return int(run.params.get("n_layers", 0)) * per_layer + per_token
 
 

@@ -58,6 +58,10 @@ N_GEN = 32
 QUICK_N_GEN = 16
 MIN_PROMPT = 8
 MIN_GEN = 2
+# A prompt's tok/s depends on its batch (Q8_0 probe here: 814 at 32 tokens, 999 at 128, not
+# all of it the batch's once-only work): prefill runs keep N_PROMPT tokens unless one would
+# take this many times a run's share of the budget.
+PREFILL_LIMIT_FACTOR = 3
 SAMPLES_PER_BUDGET = 4  # the sizing runs, the minimum repetitions and room to spare
 CONTEXT_TOKENS = 256
 ENGINE_KINDS = ("engine_prefill", "engine_decode")
@@ -122,7 +126,11 @@ PROBE_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K", "Q3_K")
 # values), wide ones in a few layers still (see `per_token_work` on the last layer)
 PROBE_WIDTHS = (512, 1536)
 MIN_PROBE_BYTES = 48 << 20
-MAX_PROBE_BYTES = 128 << 20  # all probes are loaded at once: ~1.5 GB at most
+# All probes are loaded at once: ~1.5 GB at most. Smaller ones sit in the cache a VM really
+# gets, which is not the L3 it reports: on the 2-core Sapphire Rapids "480 MiB" VM numpy reads
+# 25 GB/s up to 32 MiB and 16 GB/s from 64 MiB on, and a 64 MiB Q4_0 probe decoded twice as
+# fast per byte as a 128 MiB one (1.6x a 0.5B model's speed predicted).
+MAX_PROBE_BYTES = 128 << 20
 PROBE_CACHE_MULTIPLE = 4  # weights this many times the last-level cache come from RAM
 
 
@@ -191,7 +199,9 @@ def per_token_work(info: GGUFInfo) -> dict[str, int | str]:
     those matrices (one dot product each), "prefill_weights:<type>" and "prefill_rows:<type>",
     the weights and rows prefill multiplies per prompt token (the blocks', but for the last
     block's FFN: like the output layer, llama.cpp runs it for the tokens whose logits are
-    wanted only, the last one), "n_layers", "n_vocab" and "architecture". Routed experts
+    wanted only, the last one), "last_token_bytes:<type>" and "last_token_rows:<type>", the
+    matrices a prompt batch runs for its last token only (read as decode reads them: once a
+    batch, whatever its length), "n_layers", "n_vocab" and "architecture". Routed experts
     count at their used share, under their own key (`experts_key`)."""
     names = {tensor.name for tensor in info.tensors}
     tied = "output.weight" not in names
@@ -210,6 +220,8 @@ def per_token_work(info: GGUFInfo) -> dict[str, int | str]:
         amounts = {READ_BYTES: tensor.n_bytes, READ_ROWS: rows}
         if tensor.name.startswith("blk.") and not last_block_ffn(tensor.name, n_layers):
             amounts |= {PREFILL_WEIGHTS: tensor.n_elements, PREFILL_ROWS: rows}
+        else:
+            amounts |= {LAST_TOKEN_BYTES: tensor.n_bytes, LAST_TOKEN_ROWS: rows}
         for key, amount in amounts.items():
             by_type = work[key]
             by_type[key_type] = by_type.get(key_type, 0) + round(amount * share)
@@ -229,7 +241,16 @@ READ_BYTES = "read_bytes"
 READ_ROWS = "read_rows"
 PREFILL_WEIGHTS = "prefill_weights"
 PREFILL_ROWS = "prefill_rows"
-WORK_KEYS = (READ_BYTES, READ_ROWS, PREFILL_WEIGHTS, PREFILL_ROWS)
+LAST_TOKEN_BYTES = "last_token_bytes"
+LAST_TOKEN_ROWS = "last_token_rows"
+WORK_KEYS = (
+    READ_BYTES,
+    READ_ROWS,
+    PREFILL_WEIGHTS,
+    PREFILL_ROWS,
+    LAST_TOKEN_BYTES,
+    LAST_TOKEN_ROWS,
+)
 
 
 def work_by_type(params: dict[str, Any], prefix: str) -> dict[str, int]:
@@ -364,16 +385,18 @@ class _Member:
         return THREAD_ROUNDS if self.source is not None else MAX_ROUNDS
 
     def size_runs(self, limit_s: float, wanted_gen: int) -> None:
-        """Run prefill and decode once at full length, the warm-up; shorten a run that took
-        longer than `limit_s`. A thread variant takes its source's counts (its speed is
-        compared with the source's) after a short warm-up at its threads."""
+        """Run prefill and decode once at full length, the warm-up; shorten a decode that took
+        longer than `limit_s`, a prefill that took PREFILL_LIMIT_FACTOR times that. A thread
+        variant takes its source's counts (its speed is compared with the source's) after a
+        short warm-up at its threads."""
         self._use_threads()
         if self.source is not None:
             self._prefill_s(MIN_PROMPT)
             self._decode_s(MIN_GEN)
             self.n_prompt, self.n_gen = self.source.n_prompt, self.source.n_gen
             return
-        self.n_prompt = _shortened(self._prefill_s, N_PROMPT, MIN_PROMPT, limit_s)
+        prefill_limit_s = PREFILL_LIMIT_FACTOR * limit_s
+        self.n_prompt = _shortened(self._prefill_s, N_PROMPT, MIN_PROMPT, prefill_limit_s)
         self.n_gen = _shortened(self._decode_s, wanted_gen, MIN_GEN, limit_s)
 
     def run_round(self) -> None:

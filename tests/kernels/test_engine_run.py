@@ -15,6 +15,8 @@ from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.probe.profile import EngineDevice
 from hearthside.kernels.engine_run import (
+    LAST_TOKEN_BYTES,
+    LAST_TOKEN_ROWS,
     MAX_PROBE_BYTES,
     MIN_PROBE_BYTES,
     MIN_ROUNDS,
@@ -122,6 +124,12 @@ def test_per_token_work_of_the_default_model(default_model_file: Path) -> None:
     assert sum(work_by_type(work, PREFILL_ROWS).values()) < sum(
         work_by_type(work, READ_ROWS).values()
     )
+    # what a prompt batch runs once, for its last token: the output layer and that FFN
+    once = work_by_type(work, LAST_TOKEN_BYTES)
+    assert once["Q8_0"] > 170 * 2**20
+    assert sum(work_by_type(work, LAST_TOKEN_ROWS).values()) == 262144 + 2048 + 2048 + 640
+    every_matrix = sum(read.values())
+    assert sum(once.values()) < every_matrix < sum(once.values()) + 100e6  # + the blocks'
 
 
 def test_the_planner_counts_a_token_the_way_the_calibration_does(
@@ -135,6 +143,8 @@ def test_the_planner_counts_a_token_the_way_the_calibration_does(
     assert work.read_rows["CPU"] == pytest.approx(work_by_type(recorded, READ_ROWS))
     assert work.prefill_weights["CPU"] == pytest.approx(work_by_type(recorded, PREFILL_WEIGHTS))
     assert work.prefill_rows["CPU"] == pytest.approx(work_by_type(recorded, PREFILL_ROWS))
+    assert work.last_token_bytes["CPU"] == pytest.approx(work_by_type(recorded, LAST_TOKEN_BYTES))
+    assert work.last_token_rows["CPU"] == pytest.approx(work_by_type(recorded, LAST_TOKEN_ROWS))
     assert work.layers == {"CPU": 18}
 
 

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -108,6 +109,21 @@ def test_cancel_stops_a_reply_within_250_ms(
     result = worker.chat(STORY, LONG_REPLY, cancel=cancel)
     assert result.metrics.stop_reason == "cancelled"
     assert time.perf_counter() - cancelled_at[0] < 0.25
+
+
+def test_llama_cpp_runs_on_one_team_of_threads_whichever_request_asks(
+    worker: WorkerEngine,
+) -> None:
+    """OpenMP gives each thread that calls llama.cpp a team of its own, and a team's threads
+    spin on after their work: requests that ran on the thread that took them made decode
+    4-5x slower once two teams took turns on two cores. So all of them run on one thread."""
+    tokens = list(range(1, 34))
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: worker.time_decode(tokens), range(12)))
+    threads = psutil.Process(worker.pid).threads()
+    # the main thread only reads the pipe (and imported the modules)
+    busy = [t for t in threads if t.id != worker.pid and t.user_time + t.system_time > 0.05]
+    assert 1 <= len(busy) <= (os.cpu_count() or 1), busy
 
 
 def test_a_waiting_call_sleeps_until_its_answer(worker: WorkerEngine) -> None:
