@@ -30,6 +30,11 @@ ARRAY_BYTES_FLOOR = 256 * MIB
 QUICK_ARRAY_BYTES_FLOOR = 64 * MIB
 CACHE_MULTIPLE = 4  # arrays this many times the L3 cache leave nothing of the last pass there
 QUICK_CACHE_MULTIPLE = 2
+# At most this much per array: a VM may report its host's L3 (480 MiB on the 2-core Sapphire
+# Rapids VM, whose numpy reads fall to RAM speed from 64 MiB on), and three arrays of 4x that
+# took 5.7 GB and a quick calibration's whole budget before the first pass.
+MAX_ARRAY_BYTES = 512 * MIB
+QUICK_MAX_ARRAY_BYTES = 256 * MIB
 # Triad runs through the arrays in chunks whose temporary stays in L2, so s * c never makes a
 # round trip to DRAM and the pass moves exactly two reads and one write.
 TRIAD_CHUNK_ELEMENTS = 32768
@@ -45,11 +50,12 @@ StepCallback = Callable[[str, float], None]  # (what runs now, fraction of this 
 
 
 def array_bytes_for(l3_cache_bytes: int | None, available_bytes: int | None, *, quick: bool) -> int:
-    """Bytes per array: several times L3, at least the floor, and at most 1/8 of free memory
-    (three arrays are live at once)."""
+    """Bytes per array: several times L3, at least the floor, at most the cap, and at most
+    1/8 of free memory (three arrays are live at once)."""
     floor = QUICK_ARRAY_BYTES_FLOOR if quick else ARRAY_BYTES_FLOOR
     multiple = QUICK_CACHE_MULTIPLE if quick else CACHE_MULTIPLE
-    wanted = max(floor, multiple * (l3_cache_bytes or 0))
+    cap = QUICK_MAX_ARRAY_BYTES if quick else MAX_ARRAY_BYTES
+    wanted = min(cap, max(floor, multiple * (l3_cache_bytes or 0)))
     if available_bytes:
         wanted = min(wanted, max(16 * MIB, available_bytes // 8))
     return wanted - wanted % MIB

@@ -126,7 +126,7 @@ def test_per_token_work_of_the_default_model(default_model_file: Path) -> None:
     )
     # what a prompt batch runs once, for its last token: the output layer and that FFN
     once = work_by_type(work, LAST_TOKEN_BYTES)
-    assert once["Q8_0"] > 170 * 2**20
+    assert once["Q8_0"] >= 170 * 2**20
     assert sum(work_by_type(work, LAST_TOKEN_ROWS).values()) == 262144 + 2048 + 2048 + 640
     every_matrix = sum(read.values())
     assert sum(once.values()) < every_matrix < sum(once.values()) + 100e6  # + the blocks'

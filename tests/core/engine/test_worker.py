@@ -122,7 +122,7 @@ def test_llama_cpp_runs_on_one_team_of_threads_whichever_request_asks(
         list(pool.map(lambda _: worker.time_decode(tokens), range(12)))
     threads = psutil.Process(worker.pid).threads()
     # the main thread only reads the pipe (and imported the modules)
-    busy = [t for t in threads if t.id != worker.pid and t.user_time + t.system_time > 0.05]
+    busy = [t for t in threads if t.id != worker.pid and t.user_time + t.system_time > 0.5]
     assert 1 <= len(busy) <= (os.cpu_count() or 1), busy
 
 
