@@ -4,7 +4,8 @@ Two `EngineService`s load the same file with the same settings: one the way the 
 (the model in a worker process, text streamed back over a pipe), one with the `Engine` in
 this process as before the worker existed. Chat replies alternate between them (who goes
 first flips each run), timed as `benchmarks/engine_overhead.py` times them: prefill is prompt
-tokens / time to the one-token reply, decode is 1 / the median gap between streamed pieces.
+tokens / time to the one-token reply, decode is the tokens after the first over the time
+their streamed pieces took to arrive.
 Both are reported as the median ratio of back-to-back pairs. Then the two engines alternate
 `--timed-calls` timed decodes (what `hearthside bench`, the tuner and the calibration run:
 one request each), and the later half's median ratio is reported: a worker that ran each
