@@ -3,55 +3,26 @@ disk — and what stays in RAM when the weights stream from disk."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hearthside.autotune.calibration import planner_figures
 from hearthside.autotune.memory import CPU
 from hearthside.autotune.planner import MMAP_STREAMING_EFFICIENCY, Plan, decode_bound_text, plan
 from hearthside.core.models.catalog import catalog_spec
 from hearthside.core.models.spec import ModelSpec
-from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.spec import expand_spec
-from hearthside.kernels.results import CalibrationReport
-
-MIB, GIB = 1 << 20, 1 << 30
-# Issue 20's 2-core Sapphire Rapids VM: its full calibration, recorded there (Gemma 3 270M Q4_0
-# measured at 53.9 tok/s decode and 900 tok/s prefill by the issue's `hearthside bench`; see the
-# file's "source"), and the spec of that Q4_0 file.
-SAPPHIRE_RAPIDS = (
-    Path(__file__).parents[1] / "fixtures" / "calibration" / "sapphire-rapids-2core.json"
+from tests.sapphire_rapids import (
+    MEASURED_DECODE_TPS,
+    MEASURED_PREFILL_TPS,
+    MIB,
+    gemma_q4_0,
+    sapphire_rapids,
+    sapphire_rapids_calibration,
 )
-MEASURED_DECODE_TPS, MEASURED_PREFILL_TPS = 53.9, 900.0
 
-
-def recorded() -> dict[str, Any]:
-    return dict(json.loads(SAPPHIRE_RAPIDS.read_text()))
-
-
-def sapphire_rapids(l3_bytes: int = 480 * MIB, memory_gb: int = 16) -> HardwareProfile:
-    flags = recorded()["calibration"]["machine"]["cpu_flags"]
-    profile = expand_spec(
-        {
-            "schema": 1,
-            "cpu": {"cores": 2, "threads": 2, "flags": flags},
-            "memory_gb": memory_gb,
-            "disk": {"read_gb_s": 2.0},
-        }
-    )
-    return replace(profile, cpu=replace(profile.cpu, l3_cache_bytes=l3_bytes))
-
-
-def sapphire_rapids_calibration() -> dict[str, float]:
-    return planner_figures(CalibrationReport.from_dict(recorded()["calibration"]))
-
-
-def gemma_q4_0() -> ModelSpec:
-    return ModelSpec.from_dict(recorded()["spec"])
+GIB = 1 << 30
 
 
 def decode_reason(result: Plan) -> str:
