@@ -261,17 +261,17 @@ def _fit_kind(
     type_name: str, reference: str | None, kind: str, runs: dict[str, _Run], machine: Machine
 ) -> tuple[float, float] | None:
     """Seconds per unit and per row of `type_name` for `kind`, at the calibration's speed:
-    per width, its weights' seconds = its time x (the reference's predicted / measured time)
-    less the fixed costs; then a per-unit and per-row cost that explain both widths (per
-    unit only when a row cost would come out negative)."""
+    per width, its weights' seconds = its time x `_speed_now` less the fixed costs; then a
+    per-unit and per-row cost that explain both widths (per unit only when a row cost would
+    come out negative)."""
     costs = machine.cpu_costs(kind)
     units_key, rows_key = _WORK_KEYS[kind]
+    references = [run for name, run in runs.items() if name.partition("@")[0] == reference]
+    speed_now = _speed_now(references, kind, costs, machine)
     equations = []
     for name, run in runs.items():
-        probe_type, _, width = name.partition("@")
-        if probe_type != type_name or kind not in run.seconds:
+        if name.partition("@")[0] != type_name or kind not in run.seconds:
             continue
-        speed_now = _speed_now(runs.get(f"{reference}@{width}"), kind, costs, machine)
         units, rows = run.work(units_key), run.work(rows_key)
         others = {t: amount for t, amount in units.items() if t != type_name}
         # an experts probe's other matrices (attention, router) at their known costs
@@ -282,15 +282,21 @@ def _fit_kind(
     return _solve(equations)
 
 
-def _speed_now(reference: _Run | None, kind: str, costs: KernelCosts, machine: Machine) -> float:
-    """How much faster the machine ran the reference probe in the calibration's terms than
-    now (1 when there was none to compare)."""
-    if reference is None or kind not in reference.seconds:
-        return 1.0
+def _speed_now(
+    references: Sequence[_Run], kind: str, costs: KernelCosts, machine: Machine
+) -> float:
+    """How much faster the machine ran the reference's probes in the calibration's terms
+    than now: their predicted seconds over their measured ones, all widths together (1 when
+    none ran). One factor for all widths: a single few-layer probe's time varied 1.4x
+    between runs minutes apart on a shared 2-core VM, its neighbours' did not."""
     units_key, rows_key = _WORK_KEYS[kind]
-    predicted = costs.seconds(reference.work(units_key), reference.work(rows_key))
-    predicted += _fixed_seconds(kind, reference, machine)
-    return predicted / reference.seconds[kind]
+    ran = [run for run in references if kind in run.seconds]
+    predicted = sum(
+        costs.seconds(run.work(units_key), run.work(rows_key)) + _fixed_seconds(kind, run, machine)
+        for run in ran
+    )
+    measured = sum(run.seconds[kind] for run in ran)
+    return predicted / measured if ran else 1.0
 
 
 def _fixed_seconds(kind: str, run: _Run, machine: Machine) -> float:

@@ -88,7 +88,6 @@ GPT_OSS = SyntheticShape(
     n_ff_expert=1024,
     sliding_window=128,
 )
-DEFAULT_PROBE_MIB = 64  # the on-demand probes' weights at most (the calibration's: 48-128)
 MEASURE_TYPES_BUDGET_S = 240.0
 CONTEXT = 2048
 TOLERANCE = 0.20
@@ -137,7 +136,7 @@ def measured_type_figures(
     profile: HardwareProfile,
     paths: Iterable[Path],
     folder: Path,
-    probe_mib: int,
+    probe_mib: int | None,
 ) -> dict[str, float]:
     """The calibration's figures with the held-out models' unmeasured types measured on
     demand, as `hearthside plan --measure-types` would (in a private autotune DB)."""
@@ -149,7 +148,7 @@ def measured_type_figures(
             profile,
             wisdom,
             budget_s=MEASURE_TYPES_BUDGET_S,
-            max_probe_bytes=probe_mib << 20,
+            max_probe_bytes=probe_mib << 20 if probe_mib else None,
         ):
             _say(describe_type_cost(cost))
         return calibration_for(profile, wisdom)
@@ -227,8 +226,10 @@ def main() -> int:
     parser.add_argument(
         "--probe-mib",
         type=int,
-        default=DEFAULT_PROBE_MIB,
-        help="the on-demand type probes' weights at most, MiB",
+        default=None,
+        help="the on-demand type probes' weights at most, MiB (default: the calibration's "
+        "probe size, as `hearthside plan --measure-types` uses; 64 MiB probes gave Q4_1 costs "
+        "1.3x apart in runs minutes apart on a VM whose cache held part of them)",
     )
     parser.add_argument(
         "--only",
