@@ -287,8 +287,8 @@ def _speed_now(
 ) -> float:
     """How much faster the machine ran the reference's probes in the calibration's terms
     than now: their predicted seconds over their measured ones, all widths together (1 when
-    none ran). One factor for all widths: a single few-layer probe's time varied 1.4x
-    between runs minutes apart on a shared 2-core VM, its neighbours' did not."""
+    none ran). One factor for all widths: on a shared 2-core VM one few-layer reference
+    probe ran 1.4x faster in one of three runs minutes apart, the new type's probes did not."""
     units_key, rows_key = _WORK_KEYS[kind]
     ran = [run for run in references if kind in run.seconds]
     predicted = sum(
