@@ -29,11 +29,14 @@ from hearthside.core.errors import HearthsideError
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.kernels.engine_run import (
+    CACHE_PROBE,
+    CACHE_PROBE_TYPE,
     LAST_TOKEN_BYTES,
     LAST_TOKEN_ROWS,
     OVERHEAD_PROBE,
     PREFILL_ROWS,
     PREFILL_WEIGHTS,
+    PROBE_WIDTHS,
     READ_BYTES,
     READ_ROWS,
     WORK_KEYS,
@@ -198,6 +201,9 @@ def engine_efficiency(report: CalibrationReport, figures: dict[str, float]) -> d
 
     Prefill is fitted per prompt token: what a run's batch cost once (`last_token_seconds`,
     at the decode costs fitted first) is taken off its time before it is shared out.
+
+    The half-size cache probe stays out of the fit: it gives `decode_cache_speedup` (see
+    `_cache_figures`).
     """
     runs = _engine_runs(report)
     bandwidth, flops = figures.get("cpu_read_bytes_per_s"), figures.get("cpu_flops")
@@ -215,6 +221,7 @@ def engine_efficiency(report: CalibrationReport, figures: dict[str, float]) -> d
             fixed=("layer", "token"),
         )
         fitted.update(_fit(runs, kind, repacked))
+        fitted.update(_cache_figures(runs, fitted, kind, repacked))
     if flops:
         decode = kernel_costs(fitted, "decode", 1 / bandwidth, repacked) if bandwidth else None
         seconds = _prefill_seconds(decode, fitted)
@@ -330,7 +337,7 @@ def _fit(runs: list[_EngineRun], kind: _Kind, repacked: frozenset[str]) -> dict[
     if shipped is not None:
         overall = _ideal(shipped, kind) / _seconds(shipped, kind)
         fitted[f"{kind.name}_efficiency"] = overall
-    probes = [r for r in runs if r.probe is not None and kind.seconds(r)]
+    probes = [r for r in runs if r.probe not in (None, CACHE_PROBE) and kind.seconds(r)]
     probes = [r for r in probes if _plausible(r, kind, overall)]
     costs, fixed = _least_squares(probes, kind, repacked)
     if not costs.per_unit:
@@ -349,6 +356,31 @@ def _fit(runs: list[_EngineRun], kind: _Kind, repacked: frozenset[str]) -> dict[
         key = f"{kind.name}_overhead_s_per_layer:{shipped.work['architecture']}"
         fitted[key] = max(0.0, left / max(1, shipped.work["n_layers"]))
     return fitted
+
+
+def _cache_figures(
+    runs: list[_EngineRun], fitted: dict[str, float], kind: _Kind, repacked: frozenset[str]
+) -> dict[str, float]:
+    """How much faster decode's weights ran in the half-size cache probe than the costs
+    fitted on the full-size probes say ("decode_cache_speedup", 1 where the cache holds
+    neither), and the bytes a token of each read ("decode_cache_bytes", "decode_probe_bytes"):
+    the planner scales a smaller model's weights' time between the two (`cache_time_share`)."""
+    by_name = {run.probe: run for run in runs if kind.seconds(run)}
+    small = by_name.get(CACHE_PROBE)
+    full = by_name.get(f"{CACHE_PROBE_TYPE}@{PROBE_WIDTHS[0]}")
+    costs = kernel_costs(fitted, kind.name, kind.ideal_per_unit, repacked)
+    if small is None or full is None or costs.nearest(CACHE_PROBE_TYPE) != CACHE_PROBE_TYPE:
+        return {}
+    fixed = small.work["n_layers"] * fitted.get(f"{kind.name}_overhead_s_per_layer", 0.0)
+    weights_s = _seconds(small, kind) - fixed - fitted.get(f"{kind.name}_overhead_s_per_token", 0.0)
+    if weights_s <= 0:
+        return {}
+    predicted = costs.seconds(small.work[kind.units], small.work[kind.rows])
+    return {
+        f"{kind.name}_cache_speedup": max(1.0, predicted / weights_s),
+        f"{kind.name}_cache_bytes": sum(small.work[kind.units].values()),
+        f"{kind.name}_probe_bytes": sum(full.work[kind.units].values()),
+    }
 
 
 def _seconds(run: _EngineRun, kind: _Kind) -> float:

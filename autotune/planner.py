@@ -36,6 +36,7 @@ from hearthside.autotune.cpu_costs import (
     MEASURED,
     KernelCosts,
     bits_per_weight,
+    cache_time_share,
     describe_key,
     kernel_costs,
     last_token_seconds,
@@ -296,14 +297,19 @@ class Machine:
         layers: int,
         arch: str,
         threads: int | None = None,
+        touched_bytes: float | None = None,
     ) -> float:
         """A token's CPU time for `kind` with `threads` (None: the default): its weights at
-        their types' costs (the machine's overall efficiency when no type was calibrated),
-        the fixed cost of its layers and, for decode, of the token's own llama_decode call;
-        all over `thread_speedup`. The kernels' time: RAM may bound decode (`_cpu_decode`)."""
+        their types' costs (the machine's overall efficiency when no type was calibrated;
+        for decode, less where a cache holds more of the `touched_bytes` than of the
+        calibration's probes: `cache_time_share`), the fixed cost of its layers and, for
+        decode, of the token's own llama_decode call; all over `thread_speedup`. The
+        kernels' time: RAM may bound decode (`_cpu_decode`)."""
         costs = self.cpu_costs(kind)
         if costs.per_unit:
             weights = costs.seconds(units, rows)
+            if kind == "decode" and touched_bytes is not None:
+                weights *= cache_time_share(self.kernel_figures, touched_bytes)
         else:
             ideal = 1 / self.cpu_bandwidth if kind == "decode" else 2 / self.cpu_flops
             overall = self.decode_efficiency if kind == "decode" else self.prefill_efficiency
@@ -736,6 +742,9 @@ class TokenWork:
     # the config's n_threads and n_threads_batch (None: the engine's default)
     decode_threads: int | None = None
     prefill_threads: int | None = None
+    # per device, the bytes of weights decode reads over many tokens: routed experts whole
+    # (each token reads other ones), which a cache holds or not (`cache_time_share`)
+    touched_bytes: dict[str, float] = field(default_factory=dict)
 
 
 def token_work(
@@ -756,6 +765,7 @@ def token_work(
     prefill_rows: dict[str, dict[str, float]] = {}
     last_bytes: dict[str, dict[str, float]] = {}
     last_rows: dict[str, dict[str, float]] = {}
+    touched: dict[str, float] = {}
     for piece in pieces:
         embeddings = piece.name.startswith("token_embd")
         if (embeddings and not spec.tied_embeddings) or (not embeddings and not piece.matmul):
@@ -771,6 +781,8 @@ def token_work(
         in_block = in_block and not last_block_ffn(piece.name, n_layers)
         weights = piece.bytes * 8 / _piece_bits(piece, spec)
         split = share / max(1, len(piece.type_names))  # a group of no type adds nothing
+        if piece.type_names:
+            touched[device] = touched.get(device, 0.0) + piece.bytes
         for type_name in piece.type_names:
             key = experts_key(type_name) if routed else type_name
             _add(read, device, key, piece.bytes * split)
@@ -795,6 +807,7 @@ def token_work(
         last_rows,
         decode_threads=config.n_threads,
         prefill_threads=config.n_threads_batch,
+        touched_bytes=touched,
     )
 
 
@@ -998,6 +1011,7 @@ def _cpu_seconds(kind: str, spec: ModelSpec, machine: Machine, work: TokenWork) 
         work.layers.get(CPU, 0),
         spec.architecture,
         threads=threads,
+        touched_bytes=work.touched_bytes.get(CPU),
     )
 
 

@@ -65,7 +65,7 @@ from hearthside.kernels.torch_support import cpu_device, gpu_devices, import_tor
 
 DEFAULT_BUDGET_S = 60.0
 QUICK_BUDGET_S = 8.0
-PLANNING_SHARE = 0.85
+PLANNING_SHARE = 0.82
 # Past this share of the budget the remaining kernels are skipped; the rest of the budget is
 # room for the kernel that is running to finish and for the caller to store the report.
 HARD_SHARE = 0.9

@@ -120,6 +120,12 @@ def engine_weight(backends: Sequence[EngineBackend], probes: Sequence[SpeedProbe
 
 OVERHEAD_PROBE = "overhead"
 SHORT_OVERHEAD_PROBE = "overhead-short"
+# A Q4_0 probe as narrow as the narrow ones, at half their bytes: where the cache a machine
+# really has holds half but not all of a probe, decode reads it faster per byte (the 2-core
+# Sapphire Rapids VM: 62 MB probes at 21 GB/s, 122 MB ones at 11; a 36 MB Q4_1 model 18 GB/s,
+# 136 MB 6.5), so models smaller than the probes are predicted faster (`cache_time_share`)
+CACHE_PROBE = "cache"
+CACHE_PROBE_TYPE, CACHE_PROBE_SHARE = "Q4_0", 0.5
 # plain 8-bit, repacked on AVX2/NEON, and the two K-quants of a Q4_K_M file
 PROBE_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K", "Q3_K")
 # matrices as narrow as a 0.5B model's and as wide as a 1.5B model's (K-quant rows: 256
@@ -136,7 +142,7 @@ PROBE_CACHE_MULTIPLE = 4  # weights this many times the last-level cache come fr
 
 @dataclass(frozen=True)
 class SpeedProbe:
-    name: str  # OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE or "<type>@<width>"
+    name: str  # OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE, CACHE_PROBE or "<type>@<width>"
     type_name: str
     shape: SyntheticShape
 
@@ -144,7 +150,7 @@ class SpeedProbe:
 def speed_probes(cache_bytes: int | None) -> list[SpeedProbe]:
     """The two tiny overhead probes, then per PROBE_TYPES type one llama-shaped probe per
     PROBE_WIDTHS width, each reading about PROBE_CACHE_MULTIPLE x the cache per token (within
-    MIN/MAX_PROBE_BYTES)."""
+    MIN/MAX_PROBE_BYTES), and last the half-size CACHE_PROBE."""
     target = min(MAX_PROBE_BYTES, max(MIN_PROBE_BYTES, PROBE_CACHE_MULTIPLE * (cache_bytes or 0)))
     # 16 and 2 layers of 64-wide blocks: almost no bytes, the costs per layer and per token
     probes = [
@@ -155,10 +161,12 @@ def speed_probes(cache_bytes: int | None) -> list[SpeedProbe]:
         for width in PROBE_WIDTHS:
             shape = _probe_shape(type_name, width, target)
             probes.append(SpeedProbe(f"{type_name}@{width}", type_name, shape))
+    cache_shape = _probe_shape(CACHE_PROBE_TYPE, PROBE_WIDTHS[0], target * CACHE_PROBE_SHARE)
+    probes.append(SpeedProbe(CACHE_PROBE, CACHE_PROBE_TYPE, cache_shape))
     return probes
 
 
-def _probe_shape(type_name: str, width: int, target_bytes: int) -> SyntheticShape:
+def _probe_shape(type_name: str, width: int, target_bytes: float) -> SyntheticShape:
     """A dense llama shape of `width` with as many layers as make about `target_bytes` of
     `type_name` weights: per layer q and o (E x E), k and v (E x E/4) and an FFN of
     3 x E x 4E, so 14.5 E^2 weights."""

@@ -12,6 +12,7 @@ import pytest
 from hearthside.autotune.calibration import (
     calibration_for,
     latest_report,
+    logits_seconds,
     planner_figures,
     store_calibration,
 )
@@ -25,7 +26,7 @@ from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_hardware
 from hearthside.kernels.calibrate import summarize_machine
-from hearthside.kernels.engine_run import per_token_work
+from hearthside.kernels.engine_run import CACHE_PROBE, WORK_KEYS, per_token_work
 from hearthside.kernels.measurement import Measurement
 from hearthside.kernels.results import CalibrationReport, export_calibration
 
@@ -388,3 +389,51 @@ def shipped_prefill_at(report: CalibrationReport, tps: float, n_prompt: int) -> 
         for m in report.measurements
     )
     return replace(report, measurements=measurements)
+
+
+# --- the cache probe --------------------------------------------------------------------------
+
+
+def with_cache_probe(report: CalibrationReport, speedup: float) -> CalibrationReport:
+    """The report with a half-size Q4_0@512 probe whose weights ran `speedup` times faster
+    per byte than the full-size one's (its layers' and call's fixed costs as fitted)."""
+    figures = planner_figures(report)
+    full = next(
+        m
+        for m in report.measurements
+        if m.kind == "engine_decode" and m.params.get("probe") == "Q4_0@512"
+    )
+    layers = int(full.params["n_layers"])
+
+    def fixed(n_layers: int) -> float:
+        per_layer = figures["decode_overhead_s_per_layer"] * n_layers
+        logits = logits_seconds(int(full.params["n_vocab"]), figures["cpu_read_bytes_per_s"])
+        return per_layer + figures["decode_overhead_s_per_token"] + logits
+
+    weights_s = 1 / full.value - fixed(layers)
+    half = layers // 2
+    work = {
+        key: value * half / layers if key.split(":")[0] in WORK_KEYS else value
+        for key, value in full.params.items()
+    }
+    tps = 1 / (fixed(half) + weights_s * half / layers / speedup)
+    cache = replace(
+        full,
+        value=tps,
+        median=tps,
+        params={**work, "n_layers": half, "probe": CACHE_PROBE},
+    )
+    return replace(report, measurements=(*report.measurements, cache))
+
+
+@pytest.mark.parametrize("speedup", [1.0, 2.0])
+def test_the_cache_probe_measures_how_much_faster_a_smaller_model_reads(speedup: float) -> None:
+    report = with_cache_probe(recorded_report(), speedup)
+    figures = planner_figures(report)
+    assert figures["decode_cache_speedup"] == pytest.approx(speedup, rel=0.1)
+    assert figures["decode_cache_bytes"] == pytest.approx(
+        figures["decode_probe_bytes"] / 2, rel=0.05
+    )
+    # it is no Q4_0 probe of the fit: the types' costs are those fitted without it
+    without = planner_figures(recorded_report())
+    assert {k: v for k, v in figures.items() if "cache" not in k and "probe" not in k} == without

@@ -4,14 +4,23 @@ disk — and what stays in RAM when the weights stream from disk."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hearthside.autotune.memory import CPU
-from hearthside.autotune.planner import MMAP_STREAMING_EFFICIENCY, Plan, decode_bound_text, plan
+from hearthside.autotune.memory import CPU, pieces_from_gguf, pieces_from_spec
+from hearthside.autotune.planner import (
+    MMAP_STREAMING_EFFICIENCY,
+    Plan,
+    decode_bound_text,
+    plan,
+    token_work,
+)
+from hearthside.core.engine.config import EngineConfig
 from hearthside.core.models.catalog import catalog_spec
-from hearthside.core.models.spec import ModelSpec
+from hearthside.core.models.gguf_validator import validate_gguf
+from hearthside.core.models.spec import ModelSpec, spec_from_gguf
 from hearthside.core.probe.spec import expand_spec
 from tests.sapphire_rapids import (
     MEASURED_DECODE_TPS,
@@ -164,3 +173,50 @@ def test_a_moe_keeps_its_always_used_tensors_and_reads_only_missing_active_exper
     why = next(r.why for r in result.reasons if r.setting == "use_mmap")
     assert "stay in RAM" in why and "attention, shared experts, dense layers" in why
     assert f"about {speed.disk_read_bytes_per_token / MIB:.0f} MiB, are read from disk" in why
+
+
+# --- a model smaller than the calibration's probes ------------------------------------------
+
+
+def with_cache(figures: dict[str, float], speedup: float) -> dict[str, float]:
+    """The figures of a calibration whose half-size (64 MiB) cache probe decoded `speedup`
+    times faster per byte than its 128 MiB probes, as on the Sapphire Rapids VM (~2x)."""
+    return {
+        **figures,
+        "decode_cache_speedup": speedup,
+        "decode_cache_bytes": 64 * MIB,
+        "decode_probe_bytes": 128 * MIB,
+    }
+
+
+def test_a_model_smaller_than_the_probes_decodes_as_much_faster_as_the_cache_probe_did(
+    chat_model_file: Path,
+) -> None:
+    figures = sapphire_rapids_calibration()
+    info = validate_gguf(chat_model_file)  # SmolLM2 135M Q4_1: 96 MB a token
+    spec, pieces = spec_from_gguf(chat_model_file), pieces_from_gguf(info)
+
+    def decode(calibration: dict[str, float]) -> float:
+        result = plan(spec, sapphire_rapids(), calibration=calibration, pieces=pieces)
+        return result.speed.decode_tps_empty_context
+
+    plain, cached = decode(figures), decode(with_cache(figures, 2.0))
+    # its 96 MB lie between the two probes: its weights' time shrinks by 0.28 of the way
+    # to half (1.4x); its layers' fixed costs do not shrink
+    assert 1.25 < cached / plain < 1.45
+    assert decode(with_cache(figures, 1.0)) == pytest.approx(plain)
+    # a model larger than the probes (Gemma, 250 MB) is predicted as before
+    gemma = plan(gemma_q4_0(), sapphire_rapids(), calibration=with_cache(figures, 2.0))
+    before = plan(gemma_q4_0(), sapphire_rapids(), calibration=figures)
+    assert gemma.speed.decode_tps_empty_context == pytest.approx(
+        before.speed.decode_tps_empty_context
+    )
+
+
+def test_a_moe_token_touches_all_its_routed_experts_over_many_tokens() -> None:
+    spec = catalog_spec("qwen3-30b-a3b")  # 8 of 128 experts a token
+    config = EngineConfig(spec.name, n_ctx=2048)
+    work = token_work(spec, config, (), pieces_from_spec(spec))
+    read = sum(work.read_bytes[CPU].values())
+    # what a cache would have to hold is every expert, not one token's share of them
+    assert work.touched_bytes[CPU] > 5 * read

@@ -18,6 +18,7 @@ from hearthside.kernels.calibrate import (
     summarize_machine,
 )
 from hearthside.kernels.engine_run import (
+    CACHE_PROBE,
     OVERHEAD_PROBE,
     PROBE_TYPES,
     PROBE_WIDTHS,
@@ -73,7 +74,7 @@ def test_a_whole_calibration_fits_its_budget_with_every_figure(default_model_fil
     # the shipped model and every speed probe, timed in the same rounds
     decode = report.measured("engine_decode", "cpu")
     runs = [m for m in decode if not m.params.get("thread_variant")]
-    probes = {None, OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE, *probe_names()}
+    probes = {None, OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE, CACHE_PROBE, *probe_names()}
     assert {m.params.get("probe") for m in runs} == probes
     assert len({m.repetitions for m in runs}) == 1
     # and the shipped model in their first rounds at the tuner's other thread counts

@@ -15,6 +15,7 @@ from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.probe.profile import EngineDevice
 from hearthside.kernels.engine_run import (
+    CACHE_PROBE,
     LAST_TOKEN_BYTES,
     LAST_TOKEN_ROWS,
     MAX_PROBE_BYTES,
@@ -151,9 +152,14 @@ def test_the_planner_counts_a_token_the_way_the_calibration_does(
 def test_speed_probes_outgrow_the_cache_at_two_widths_and_fill_k_quant_blocks() -> None:
     probes = speed_probes(32 << 20)
     expected = [f"{t}@{w}" for t in PROBE_TYPES for w in PROBE_WIDTHS]
-    assert [probe.name for probe in probes] == [OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE, *expected]
+    names = [probe.name for probe in probes]
+    assert names == [OVERHEAD_PROBE, SHORT_OVERHEAD_PROBE, *expected, CACHE_PROBE]
     assert [probe.shape.n_layers for probe in probes[:2]] == [16, 2]  # per layer, per token
-    for probe in probes[2:]:
+    # the cache probe: a narrow Q4_0 probe at half the bytes of the full-size one
+    narrow_q4_0, cache = probes[names.index(f"Q4_0@{PROBE_WIDTHS[0]}")], probes[-1]
+    assert cache.type_name == "Q4_0" and cache.shape.n_embd == narrow_q4_0.shape.n_embd
+    assert cache.shape.n_layers == pytest.approx(narrow_q4_0.shape.n_layers / 2, abs=1)
+    for probe in probes[2:-1]:
         shape = probe.shape
         weights = shape.n_layers * 14.5 * shape.n_embd**2
         probe_bytes = weights * type_bits(probe.type_name) / 8
@@ -161,7 +167,7 @@ def test_speed_probes_outgrow_the_cache_at_two_widths_and_fill_k_quant_blocks() 
         assert shape.n_embd % 256 == 0 and shape.n_ff % 256 == 0
         assert shape.n_embd == int(probe.name.split("@")[1])
     # capped: a server's cache is not read twice over, and all probes are loaded at once
-    for probe in speed_probes(1 << 30)[2:]:
+    for probe in speed_probes(1 << 30)[2:-1]:
         shape = probe.shape
         layer_bytes = 14.5 * shape.n_embd**2 * type_bits(probe.type_name) / 8
         assert (shape.n_layers - 0.5) * layer_bytes <= MAX_PROBE_BYTES
