@@ -65,7 +65,9 @@ from hearthside.kernels.torch_support import cpu_device, gpu_devices, import_tor
 
 DEFAULT_BUDGET_S = 60.0
 QUICK_BUDGET_S = 8.0
-PLANNING_SHARE = 0.82
+# the engine's rounds overrun by their minimum count: 3 rounds of ~6.6 s on the Sapphire
+# Rapids VM, after ~18 s of loading 15 models; 0.85 of 60 s ended at 60.8 s there
+PLANNING_SHARE = 0.78
 # Past this share of the budget the remaining kernels are skipped; the rest of the budget is
 # room for the kernel that is running to finish and for the caller to store the report.
 HARD_SHARE = 0.9

@@ -45,6 +45,10 @@ TORCH_DTYPE_NAMES = {
 GEMV_CACHE_MULTIPLE = 2
 CPU_GEMV_WEIGHTS_FLOOR = 64 * MIB
 GPU_GEMV_WEIGHTS_FLOOR = 256 * MIB
+# at most this much on a CPU, as the memory arrays (`kernels.memory.MAX_ARRAY_BYTES`): the
+# Sapphire Rapids VM reports its host's 480 MiB L3, and making 2x that of weights took ~3 s
+# for each torch dtype, a fifth of the calibration
+CPU_GEMV_WEIGHTS_CAP = 512 * MIB
 SAMPLE_TARGET_S = 0.02  # passes per timed sample: enough to last this long
 MAX_PASSES_PER_SAMPLE = 10_000
 PASSES_PER_BUDGET = 4  # a GEMM pass slower than budget / this is shrunk
@@ -74,11 +78,19 @@ CPU_SHAPES = (MatmulShape(1, 4096, 4096), MatmulShape(512, 1024, 1024))
 GPU_SHAPES = (MatmulShape(1, 8192, 8192), MatmulShape(512, 8192, 8192))
 
 
-def weight_copies(shape: MatmulShape, dtype: str, cache_bytes: int | None, floor_bytes: int) -> int:
+def weight_copies(
+    shape: MatmulShape,
+    dtype: str,
+    cache_bytes: int | None,
+    floor_bytes: int,
+    cap_bytes: int | None = None,
+) -> int:
     """How many weight matrices a GEMV cycles through (1 for a GEMM: it is compute-bound)."""
     if shape.m != 1:
         return 1
     working_set = max(floor_bytes, GEMV_CACHE_MULTIPLE * (cache_bytes or 0))
+    if cap_bytes is not None:
+        working_set = min(working_set, max(floor_bytes, cap_bytes))
     return max(1, math.ceil(working_set / shape.weight_bytes(dtype)))
 
 
@@ -137,7 +149,9 @@ def measure_numpy_matmul(
 
     def prepare(shape: MatmulShape) -> tuple[PassFn, int]:
         x = np.full((shape.m, shape.k), 0.5, dtype=np_dtype)
-        copies = weight_copies(shape, dtype, cache_bytes, CPU_GEMV_WEIGHTS_FLOOR)
+        copies = weight_copies(
+            shape, dtype, cache_bytes, CPU_GEMV_WEIGHTS_FLOOR, CPU_GEMV_WEIGHTS_CAP
+        )
         weights = [np.full((shape.k, shape.n), 0.5, dtype=np_dtype) for _ in range(copies)]
 
         def one_pass() -> None:
@@ -302,10 +316,12 @@ def measure_torch_matmul(
     cache_bytes: int | None = None,
 ) -> Measurement:
     """GFLOP/s of torch's matmul for `dtype` on `device`; ok=False when it cannot run there."""
-    floor = CPU_GEMV_WEIGHTS_FLOOR if device.backend == "cpu" else GPU_GEMV_WEIGHTS_FLOOR
+    on_cpu = device.backend == "cpu"
+    floor = CPU_GEMV_WEIGHTS_FLOOR if on_cpu else GPU_GEMV_WEIGHTS_FLOOR
+    cap = CPU_GEMV_WEIGHTS_CAP if on_cpu else None
 
     def prepare(shape: MatmulShape) -> tuple[PassFn, int]:
-        copies = weight_copies(shape, dtype, cache_bytes or device.cache_bytes, floor)
+        copies = weight_copies(shape, dtype, cache_bytes or device.cache_bytes, floor, cap)
         x, weights = _torch_operands(torch, device, dtype, shape, copies)
         return _torch_pass(torch, dtype, x, weights), copies
 
