@@ -85,14 +85,14 @@ class MemoryArrays:
 
     @classmethod
     def allocate(cls, array_bytes: int) -> MemoryArrays:
-        return cls(_mapped(array_bytes), _mapped(array_bytes), _mapped(array_bytes))
+        return cls(mapped_ones(array_bytes), mapped_ones(array_bytes), mapped_ones(array_bytes))
 
     @property
     def nbytes(self) -> int:
         return int(self.a.nbytes)
 
 
-def _mapped(array_bytes: int) -> np.ndarray:
+def mapped_ones(array_bytes: int) -> np.ndarray:
     """float64 ones in an anonymous mapping, as llama.cpp's weights are mapped: numpy's own
     allocator asks for transparent huge pages, which llama.cpp's buffers do not get where
     THP is "madvise" (the common default). On the 2-core Sapphire Rapids VM numpy's huge pages
