@@ -141,9 +141,9 @@ LEARNED = "learned_"
 
 def planner_figures(report: CalibrationReport) -> dict[str, float]:
     """cpu_read_bytes_per_s (all threads), cpu_flops (the best fp32 GEMM),
-    disk_read_bytes_per_s (cold), the engine's costs against them (`engine_efficiency`) and
-    how its speed follows the thread count (`thread_figures`), from whatever the report
-    measured successfully."""
+    disk_read_bytes_per_s (cold) and disk_fault_read_bytes_per_s (cold, by page faults), the
+    engine's costs against them (`engine_efficiency`) and how its speed follows the thread
+    count (`thread_figures`), from whatever the report measured successfully."""
     figures: dict[str, float] = {}
     read = report.best("memory_read", "cpu")
     if read is not None:
@@ -154,6 +154,8 @@ def planner_figures(report: CalibrationReport) -> dict[str, float]:
     disk = next((m for m in report.measurements if m.ok and m.kind == "disk_read"), None)
     if disk is not None:
         figures["disk_read_bytes_per_s"] = disk.value * GB
+        if disk.params.get("fault_read_gb_s"):
+            figures["disk_fault_read_bytes_per_s"] = float(disk.params["fault_read_gb_s"]) * GB
     figures.update(engine_efficiency(report, figures))
     figures.update(thread_figures(report))
     return figures

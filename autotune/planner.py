@@ -82,8 +82,9 @@ ASSUMED_DISK_BANDWIDTH = 1.0e9
 # the kernels' own work (compute, per-row and per-layer costs) is what bounds it.
 MEMORY_BOUND_SHARE = 0.5
 # Streaming through mmap page faults reads at this share of the disk's cold sequential read
-# speed: 0.34 measured on the 2-core EPYC VM's virtio disk (benchmarks/disk_streaming.py, a
-# dense 1.6 GB model under a 768 MiB cgroup limit).
+# speed where the calibration did not time faults (`kernels.disk.fault_read_s`): 0.34 measured
+# on the 2-core EPYC VM's virtio disk (benchmarks/disk_streaming.py, a dense 1.6 GB model under
+# a 768 MiB cgroup limit); ~1.0 on the Sapphire Rapids VM, where faults read 16 MiB each.
 MMAP_STREAMING_EFFICIENCY = 0.35
 # A page fault on the mapped model reads a window of the file around the page, not the page:
 # the device's read-ahead, twice it once the file is fadvised sequential as llama.cpp does
@@ -249,6 +250,14 @@ class Machine:
     cpu_cores: int = 1
     cpu_logical_cores: int = 1
     read_ahead_bytes: int | None = None  # the models disk's; None: unknown
+    # cold page faults on a mapped file, measured (calibration); None: not measured
+    disk_fault_bandwidth: float | None = None
+
+    @property
+    def streaming_bandwidth(self) -> float:
+        """What mmap streams weights from disk at: page faults as the calibration timed
+        them, else a share of the cold sequential read (MMAP_STREAMING_EFFICIENCY)."""
+        return self.disk_fault_bandwidth or self.disk_bandwidth * MMAP_STREAMING_EFFICIENCY
 
     @property
     def fault_window_bytes(self) -> int:
@@ -504,6 +513,7 @@ def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) ->
         cpu_flops=calibration.get("cpu_flops")
         or cores * (cpu.max_frequency_hz or ASSUMED_CPU_HZ) * CPU_FLOPS_PER_CYCLE,
         disk_bandwidth=calibration.get("disk_read_bytes_per_s") or disk or ASSUMED_DISK_BANDWIDTH,
+        disk_fault_bandwidth=calibration.get("disk_fault_read_bytes_per_s"),
         unified=any(gpu.unified_memory for gpu in gpu_infos),
         repacked=repacked_types(cpu.flags, cpu.arch),
         calibrated=bool(measured),
@@ -886,7 +896,7 @@ def _speed(
         _streaming(estimate, ram, expert_fetch_share) if streams_from_disk else (0, 0)
     )
     if streams_from_disk:
-        seconds_by_tier["disk"] = from_disk / (machine.disk_bandwidth * MMAP_STREAMING_EFFICIENCY)
+        seconds_by_tier["disk"] = from_disk / machine.streaming_bandwidth
     per_token = sum(seconds_by_tier.values())
     bound_by = max(seconds_by_tier, key=lambda tier: seconds_by_tier[tier])
     limit = {CPU: cpu_limit, "disk": "disk"}.get(bound_by, "memory bandwidth")
@@ -1230,10 +1240,14 @@ def _decode_bound_reason(machine: Machine, speed: SpeedEstimate) -> Reason:
         )
         return Reason("decode", "compute-bound", why)
     if speed.decode_limit == "disk":
+        faults = (
+            f"page faults read ~{machine.disk_fault_bandwidth / 1e9:.1f} GB/s, measured"
+            if machine.disk_fault_bandwidth
+            else f"page faults reach about {MMAP_STREAMING_EFFICIENCY:.0%} of that"
+        )
         why = (
             f"Generation is limited by the disk: each token reads {read} of weights from it "
-            f"(~{machine.disk_bandwidth / 1e9:.1f} GB/s read cold; page faults reach about "
-            f"{MMAP_STREAMING_EFFICIENCY:.0%} of that)."
+            f"(~{machine.disk_bandwidth / 1e9:.1f} GB/s read cold; {faults})."
         )
         return Reason("decode", "disk-bound", why)
     where = "RAM" if tier == CPU else f"{tier}'s memory"

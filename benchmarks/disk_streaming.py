@@ -147,6 +147,13 @@ def cold_read_bytes_per_s(path: Path) -> float:
     return path.stat().st_size / read_file_s(path, drop_cache=True)
 
 
+def fault_read_bytes_per_s(path: Path) -> float:
+    """The file brought in cold by page faults, as the calibration times its test file."""
+    from hearthside.kernels.disk import fault_read_s
+
+    return path.stat().st_size / fault_read_s(path)
+
+
 def drop_from_page_cache(path: Path) -> None:
     from hearthside.kernels.disk import drop_cached_pages
 
@@ -185,6 +192,7 @@ def predict(
     disk_bps: float,
     profile: Any = None,
     random_access: bool = False,
+    fault_bps: float | None = None,
 ) -> Any:
     """The plan for `path` on this machine (or `profile`) with `case.limit_bytes` of RAM, the
     child's memory before the load kept free, and the disk (its read-ahead) holding `path`."""
@@ -200,6 +208,9 @@ def predict(
     with WisdomDB() as wisdom:
         calibration = dict(calibration_for(profile, wisdom))
     calibration["disk_read_bytes_per_s"] = disk_bps
+    calibration.pop("disk_fault_read_bytes_per_s", None)
+    if fault_bps:
+        calibration["disk_fault_read_bytes_per_s"] = fault_bps
     memory = replace(profile.memory, cgroup_limit_bytes=case.limit_bytes)
     limited = replace(profile, memory=memory, disks=model_disk(path, random_access))
     return plan(
@@ -239,9 +250,11 @@ def row(
     random_access: bool = False,
 ) -> dict[str, Any]:
     disk_bps = cold_read_bytes_per_s(path)
+    # faults one page at a time (MADV_RANDOM) are not what the calibration times
+    fault_bps = None if random_access else fault_read_bytes_per_s(path)
     measured = measure(case, path, decode_tokens, random_access)
     print(f"{case.name}: measured {measured}", file=sys.stderr, flush=True)
-    result = predict(case, path, measured, disk_bps, profile, random_access)
+    result = predict(case, path, measured, disk_bps, profile, random_access, fault_bps)
     speed = result.speed
     reason = next((r.why for r in result.reasons if r.setting == "use_mmap"), "")
     return {
@@ -253,6 +266,7 @@ def row(
         "limit_bytes": case.limit_bytes,
         "child_before_load_bytes": measured["baseline_bytes"],
         "disk_cold_read_gb_s": disk_bps / 1e9,
+        "disk_fault_read_gb_s": (fault_bps or 0) / 1e9,
         "streams_from_disk": result.streams_from_disk,
         "predicted_tps": speed.decode_tps_empty_context,
         "measured_tps": measured["decode_tps"],
@@ -278,7 +292,9 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         )
         read_ahead = (r["read_ahead_bytes"] or 0) / 1024
         print(
-            f"  disk {r['disk_cold_read_gb_s']:.2f} GB/s cold, read-ahead {read_ahead:.0f} KiB, "
+            f"  disk {r['disk_cold_read_gb_s']:.2f} GB/s cold, "
+            f"{r['disk_fault_read_gb_s']:.2f} GB/s by page faults, "
+            f"read-ahead {read_ahead:.0f} KiB, "
             f"expert fetch share {r['expert_fetch_share']:.2f}; plan: {r['reason']}"
         )
 

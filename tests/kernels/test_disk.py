@@ -17,6 +17,7 @@ from hearthside.kernels.disk import (
     TEST_FILE_SUFFIX,
     cached_fraction,
     drop_cached_pages,
+    fault_read_s,
     measure_disk_read,
     read_file_s,
     remove_stale_test_files,
@@ -45,6 +46,19 @@ def test_the_kernel_reports_a_plausible_cold_read_and_cleans_up(tmp_path: Path) 
         assert measurement.params["cache_bypass"] == "posix_fadvise(DONTNEED)"
         # mincore saw (almost) nothing of the file cached when each timed read began
         assert measurement.params["cached_fraction_before"] < 0.05
+    # and one more cold pass by page faults, as mmap streams weights
+    assert 0.01 < measurement.params["fault_read_gb_s"] < 100.0, measurement
+
+
+@linux_only
+def test_a_fault_read_brings_the_whole_cold_file_in_through_the_mapping(tmp_path: Path) -> None:
+    with scratch_file(tmp_path, 32 * MIB) as path:
+        read_file_s(path, drop_cache=False)  # cached: the pass must drop it first
+        seconds = fault_read_s(path)
+        assert cached_fraction(path) == pytest.approx(1.0, abs=0.05)
+        read_file_s(path, drop_cache=False)
+        cached_s = median_read_s(path, drop_cache=False)
+        assert seconds > cached_s  # it came from the disk, not from memory
 
 
 @linux_only
