@@ -46,19 +46,27 @@ def test_the_kernel_reports_a_plausible_cold_read_and_cleans_up(tmp_path: Path) 
         assert measurement.params["cache_bypass"] == "posix_fadvise(DONTNEED)"
         # mincore saw (almost) nothing of the file cached when each timed read began
         assert measurement.params["cached_fraction_before"] < 0.05
-    # and one more cold pass by page faults, as mmap streams weights
-    assert 0.01 < measurement.params["fault_read_gb_s"] < 100.0, measurement
+        # and one more cold pass by page faults, as mmap streams weights
+        assert 0.01 < measurement.params["fault_read_gb_s"] < 100.0, measurement
 
 
 @linux_only
 def test_a_fault_read_brings_the_whole_cold_file_in_through_the_mapping(tmp_path: Path) -> None:
     with scratch_file(tmp_path, 32 * MIB) as path:
         read_file_s(path, drop_cache=False)  # cached: the pass must drop it first
-        seconds = fault_read_s(path)
+        before = bytes_read_from_storage()
+        assert fault_read_s(path) > 0
+        # the whole file came from the disk, not from the cache, and stays cached after
+        assert bytes_read_from_storage() - before >= 0.95 * 32 * MIB
         assert cached_fraction(path) == pytest.approx(1.0, abs=0.05)
-        read_file_s(path, drop_cache=False)
-        cached_s = median_read_s(path, drop_cache=False)
-        assert seconds > cached_s  # it came from the disk, not from memory
+
+
+def bytes_read_from_storage() -> int:
+    """What this process had the kernel fetch from storage (Linux /proc/self/io)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise AssertionError("no read_bytes in /proc/self/io")
 
 
 @linux_only
