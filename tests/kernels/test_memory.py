@@ -17,7 +17,6 @@ from hearthside.kernels.memory import (
     MIB,
     MemoryArrays,
     array_bytes_for,
-    mapped_ones,
     measure_cpu_memory,
     measure_memory,
     memory_weight,
@@ -94,16 +93,18 @@ def plain_numpy_sum_gb_s(array: np.ndarray, repetitions: int = 5) -> float:
     return array.nbytes / statistics.median(times) / 1e9
 
 
-def test_one_thread_read_agrees_with_a_plain_numpy_sum_over_one_gigabyte(
+def test_one_thread_read_agrees_with_a_plain_numpy_sum_over_the_same_array(
     arrays: MemoryArrays, pool: ThreadPoolExecutor
 ) -> None:
-    big = mapped_ones(1_000_000_000)  # 1 GB, in the same kind of pages as the kernel's
+    # The same pages on both sides: where they sit decides the figure, not the timing. On the
+    # CI VM a separate 1 GB mapping summed at 14.9 GB/s against 10.0 for the kernel's arrays, on
+    # both tries; here 15.0 against 12.4, while np.sum over the kernel's own array gave 12.7.
     differences = []
     for _attempt in range(2):  # one retry: a neighbour's burst can hit either figure alone
-        independent = plain_numpy_sum_gb_s(big)
+        independent = plain_numpy_sum_gb_s(arrays.a)
         kernel = measure_memory("memory_read", arrays, 1, pool, budget_s=1.0, warmup_s=0.2)
         differences.append((kernel.value, independent))
-        if relative_difference(kernel.value, independent) < 0.30:
+        if relative_difference(kernel.value, independent) < 0.20:
             return
     raise AssertionError(f"kernel vs plain np.sum GB/s: {differences}")
 
