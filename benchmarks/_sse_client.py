@@ -1,14 +1,15 @@
 """A streaming API client in its own process, as an editor or agent would be: it sends one
-chat request and prints, as JSON, the arrival time of every content piece.
+chat request and prints, as JSON, a report of when everything arrived.
 
-    _sse_client.py BASE KEY PROMPT MAX_TOKENS            # the arrival times, at once
+    _sse_client.py BASE KEY PROMPT MAX_TOKENS            # the report, at once
     _sse_client.py --on-go BASE KEY PROMPT MAX_TOKENS    # says "ready", waits for a line on
-                                                         # stdin, then prints a full report
+                                                         # stdin, then prints the report
 
 `--on-go` lets a benchmark start several clients, let each finish importing, then release them
-together. Its report (`timed_stream`) holds the time the request was sent, each content
+together. The report (`timed_stream`) holds the time the request was sent, each content
 piece's arrival, the end of the stream ([DONE]) and the usage the server reported (asked for
-with `stream_options.include_usage`). Times are `time.perf_counter()`, CLOCK_MONOTONIC on
+with `stream_options.include_usage`): a piece may hold several tokens, so benchmarks count
+tokens from `usage`, never pieces. Times are `time.perf_counter()`, CLOCK_MONOTONIC on
 Linux, so the reports of separate client processes share one clock.
 """
 
@@ -23,25 +24,10 @@ import httpx
 
 
 def main(base: str, key: str, prompt: str, max_tokens: int) -> None:
-    body = {
-        "messages": [{"role": "user", "content": prompt}],
-        "temperature": 0,
-        "max_tokens": max_tokens,
-        "stream": True,
-    }
-    stamps: list[float] = []
     headers = {"Authorization": f"Bearer {key}"}
-    with (
-        httpx.Client(base_url=base, headers=headers, timeout=300) as client,
-        client.stream("POST", "/chat/completions", json=body) as reply,
-    ):
-        for line in reply.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            choices = json.loads(line[6:]).get("choices") or [{}]
-            if choices[0].get("delta", {}).get("content"):
-                stamps.append(time.perf_counter())
-    print(json.dumps(stamps))
+    with httpx.Client(base_url=base, headers=headers, timeout=300) as client:
+        report = timed_stream(client, prompt, max_tokens)
+    print(json.dumps(report))
 
 
 def timed_stream(client: httpx.Client, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -74,6 +60,18 @@ def timed_stream(client: httpx.Client, prompt: str, max_tokens: int) -> dict[str
                 stamps.append(time.perf_counter())
     done = time.perf_counter()
     return {"sent": sent, "stamps": stamps, "done": done, "usage": usage}
+
+
+def completion_tokens(report: dict[str, Any]) -> int:
+    """The server's own count of the reply's tokens (`usage.completion_tokens`)."""
+    usage = report.get("usage") or {}
+    if "completion_tokens" not in usage:
+        raise SystemExit(
+            "the server sent no usage.completion_tokens for a streamed reply (asked for with "
+            "stream_options.include_usage): without it the benchmark would count text pieces, "
+            "which may hold several tokens each"
+        )
+    return int(usage["completion_tokens"])
 
 
 def on_go(base: str, key: str, prompt: str, max_tokens: int) -> None:

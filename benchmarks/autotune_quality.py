@@ -12,8 +12,12 @@
    hits them alike.
 
     .venv/bin/python benchmarks/autotune_quality.py [--budget-s 60] [--rounds 3] [--variants]
+        [--use-my-data]
 
-Targets: tuner pick / sweep best >= 0.95 (decode); tuner pick / llama.cpp defaults >= 1.0.
+Decode tok/s is `hearthside bench`'s tgN for every configuration (the same timing for all).
+Runs on a fresh data folder (Gemma registered there, a private autotune DB) unless
+`--use-my-data`. Targets: tuner pick / sweep best >= 0.95 (decode); tuner pick / llama.cpp
+defaults >= 1.0. Exit status 1 on any miss.
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
+from _setup import add_data_option, data_home, print_settings
+from _targets import Target, report
 
 from hearthside.autotune.goals import KLD_BUDGET, prior_quality
 from hearthside.autotune.tuner import QUICK, llama_cpp_defaults, llama_cpp_python_defaults, tune
@@ -90,16 +97,46 @@ def decode_speed(config: EngineConfig) -> float:
     return report.stat(f"tg{QUICK.n_gen}").median_tok_s
 
 
-def main() -> int:
+TARGET_OVER_SWEEP_BEST = 0.95
+TARGET_OVER_LLAMA_CPP = 1.0
+
+
+def targets_of(summary: dict[str, Any]) -> list[Target]:
+    return [
+        Target("decode, tuner pick / sweep best", summary["tuner_over_sweep_best"],
+               TARGET_OVER_SWEEP_BEST),
+        Target("decode, tuner pick / llama.cpp defaults", summary["tuner_over_llama_cpp_defaults"],
+               TARGET_OVER_LLAMA_CPP),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=60.0, help="tuner budget per variant")
     parser.add_argument("--rounds", type=int, default=3, help="alternating final rounds")
     parser.add_argument("--model", type=Path, default=None, help="the shipped model's GGUF")
     parser.add_argument("--variants", action="store_true", help="sweep Q4_0 and Q8_0 too")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    shipped = args.model or _default_model()
+    add_data_option(parser)
+    args = parser.parse_args(argv)
+    with data_home(args.use_my_data) as home:
+        print(home.describe(), file=sys.stderr)
+        return run(args, args.model or home.gemma_model())
+
+
+def run(args: argparse.Namespace, shipped: Path) -> int:
     folder = Path(tempfile.mkdtemp(prefix="hearthside-autotune-"))
+    print_settings(
+        "runs",
+        {
+            "model": str(shipped),
+            "tuner budget s": args.budget_s,
+            "final rounds": args.rounds,
+            "variants": "Q4_0, Q8_0" if args.variants else "none",
+            "decode timing": f"bench tg{QUICK.n_gen}, median of {QUICK.repetitions}, after "
+            f"{QUICK.warmup_s} s warm-up",
+        },
+    )
     variants = make_variants(shipped, folder) if args.variants else {"Q4_K_M": shipped}
     profile = probe_hardware()
 
@@ -123,8 +160,8 @@ def main() -> int:
     with WisdomDB(folder / "wisdom.db") as wisdom:
         result = tune(shipped, profile, budget_s=args.budget_s, wisdom=wisdom)
     if result.best is None:
-        _say("the tuner measured nothing within its budget")
-        return 1
+        _say("the tuner measured nothing within its budget: raise --budget-s")
+        return report([Target("the tuner measured a pick", None, 1.0)])
     tuner_pick = EngineConfig.from_dict({**result.best.config, "model_path": str(shipped)})
     _say(f"tuner: {_short(tuner_pick)} at {result.best.decode_tps or 0:.1f} tok/s")
 
@@ -164,17 +201,14 @@ def main() -> int:
         print(f"tuner: {_short(tuner_pick)}, mean KLD {quality.mean_kld:.4f} ({quality.source})")
         for name, value in medians.items():
             print(f"  {name:10} {value:6.1f} tok/s decode (median of {args.rounds})")
-        print(f"tuner / sweep best         = {summary['tuner_over_sweep_best']:.3f} (>= 0.95)")
+        print(f"tuner / sweep best         = {summary['tuner_over_sweep_best']:.3f}")
         print(f"tuner / llama.cpp defaults = {summary['tuner_over_llama_cpp_defaults']:.3f}")
         print(f"tuner / Llama() defaults   = {summary['tuner_over_llama_cpp_python_defaults']:.3f}")
         if len(variant_best) > 1:
             print("best decode per quant (a quality trade, measure it with `hearthside quality`):")
             for name, value in variant_best.items():
                 print(f"  {name:7} {value:6.1f} tok/s")
-    good = (
-        summary["tuner_over_sweep_best"] >= 0.95 and summary["tuner_over_llama_cpp_defaults"] >= 1.0
-    )
-    return 0 if good else 1
+    return report(targets_of(summary), sys.stderr if args.json else sys.stdout)
 
 
 def _short(config: EngineConfig) -> str:
@@ -182,15 +216,6 @@ def _short(config: EngineConfig) -> str:
         f"threads={config.n_threads} ubatch={config.n_ubatch} "
         f"flash={'on' if config.flash_attn else 'off'} kv={config.type_k}"
     )
-
-
-def _default_model() -> Path:
-    from hearthside.core.models.default_model import ensure_gemma_model
-    from hearthside.core.models.store import ModelStore
-    from hearthside.core.paths import data_dir
-
-    with ModelStore(data_dir()) as store:
-        return ensure_gemma_model(store).path
 
 
 def _say(text: str) -> None:

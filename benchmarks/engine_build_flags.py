@@ -5,7 +5,10 @@ side: same model, same threads, interleaved rounds, each run in its own child pr
     .venv/bin/python benchmarks/engine_build_flags.py --other-lib DIR [--model GGUF] [--rounds 5]
 
 DIR holds another build's libllama/libggml (for instance `llama_cpp/lib` unzipped from pip's
-cached wheel of a GGML_NATIVE build). Prints decode and prefill tok/s per build and the ratio.
+cached wheel of a GGML_NATIVE build). Prints decode and prefill tok/s per build and the ratio
+(decode: 64 tokens / their eval time; prefill: 256 prompt tokens / their eval time, the same
+on both builds). No target: it compares two builds for a reader (exit status 0 unless it fails
+to run); it reads nothing from a data folder.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from _targets import report
 
 CHILD = """
 import json, sys, time
@@ -77,7 +82,7 @@ def main() -> int:
     (decode_a, prefill_a), (decode_b, prefill_b) = medians["installed"], medians["other"]
     ratios = f"decode {decode_a / decode_b:.3f}, prefill {prefill_a / prefill_b:.3f}"
     print(f"  installed / other: {ratios}")
-    return 0
+    return report([])
 
 
 if __name__ == "__main__":

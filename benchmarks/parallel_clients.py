@@ -1,18 +1,22 @@
 """Several streaming clients at once: `hearthside serve` against llama-server, side by side.
 
 Both servers run in subprocesses as a user would start them, from the same GGUF file, with the
-same decode and batch threads, the same context per slot, the same batch sizes, KV-cache type
-and flash attention (llama-server is given the settings Hearthside chose for this machine), and
-the same key. llama-server is the one built from the very llama.cpp that the installed
-llama-cpp-python vendors (../shared/tools/build-native-llama.sh). Every client is a process of
-its own (`_sse_client.py --on-go`: httpx on loopback, real SSE, every event's JSON parsed);
-clients import first, then are released together. Requests are greedy (temperature 0),
-`max_tokens` 128, one distinct prompt per client and round (a round tag in front, so no prompt
-cache on either side can reuse an earlier round's prompt). Rounds alternate between the
-servers (Hearthside first, then llama-server first, ...), after one untimed warm-up round each.
-`--threads` reaches Hearthside only where `serve` has a `--threads` option; until then both
-servers use the threads Hearthside chooses itself. Each round's line shows the 1-minute load
-average: on a small shared machine a busy neighbour can slow a 2-thread decode many times over.
+same decode and batch threads, the same context per slot, the same batch sizes, KV-cache type,
+flash attention, GPU layers, mmap/mlock, sliding-window cache and speculation (llama-server is
+given the settings Hearthside chose for this machine; both are printed in full, and a setting
+llama-server cannot be given is named), and the same key. Hearthside runs on a fresh data
+folder (a temporary HEARTHSIDE_HOME with the model registered there: no tuned default of yours
+can switch speculation on for it) unless `--use-my-data`. llama-server is the one built from
+the very llama.cpp that the installed llama-cpp-python vendors
+(../shared/tools/build-native-llama.sh). Every client is a process of its own (`_sse_client.py
+--on-go`: httpx on loopback, real SSE, every event's JSON parsed); clients import first, then
+are released together. Requests are greedy (temperature 0), `max_tokens` 128, one distinct
+prompt per client and round (a round tag in front, so no prompt cache on either side can reuse
+an earlier round's prompt). Rounds alternate between the servers (Hearthside first, then
+llama-server first, ...), after one untimed warm-up round each. `--threads` reaches Hearthside
+only where `serve` has a `--threads` option; until then both servers use the threads Hearthside
+chooses itself. Each round's line shows the 1-minute load average: on a small shared machine a
+busy neighbour can slow a 2-thread decode many times over.
 
 Scenarios and what is measured (computed the same way for both servers):
   4 clients, 4 slots (`--parallel 4`, llama-server `-np 4 -c 4 x ctx`):
@@ -25,16 +29,16 @@ Scenarios and what is measured (computed the same way for both servers):
     decode tok/s  = (completion tokens - 1) / (last content piece - first content piece);
     first token   = first content piece - request sent.
 Completion tokens are the `usage.completion_tokens` of the final chunk (`stream_options:
-{"include_usage": true}`), which both servers send; if any stream of either side lacks it,
-both sides fall back to counting content chunks, and the table says which was used.
+{"include_usage": true}`), which both servers send; a stream without it stops the benchmark
+(a content chunk may hold several tokens, so chunks are never counted instead).
 Results are the medians per side; ratios (Hearthside / llama-server) are the medians of the
 ratios of back-to-back rounds, so slow drifts of the machine cancel.
 
     .venv/bin/python benchmarks/parallel_clients.py [--rounds 5] [--threads N] [--model GGUF]
-        [--llama-server PATH] [--ctx 2048] [--json]
+        [--llama-server PATH] [--ctx 2048] [--use-my-data] [--json]
 
 Targets: 4 clients aggregate >= 0.9x llama-server, slowest first token <= 2x; 1 client
-decode >= 0.97x. It exits 0 either way and prints PASS/MISS per target. Until `hearthside
+decode >= 0.97x. It prints PASS/MISS per target and exits 1 on any miss. Until `hearthside
 serve` has `--parallel`, Hearthside runs without it (one request at a time) and says so.
 """
 
@@ -61,11 +65,13 @@ from typing import Any
 
 import httpx
 import llama_cpp
-from _timing import median_ratio, paired
+from _setup import add_data_option, data_home, print_settings
+from _sse_client import completion_tokens
+from _targets import Direction, Target, report
+from _timing import DECODE_RULE, decode_tok_s, median_ratio, paired
 
 from hearthside.app.terminal_chat import load_settings_for
 from hearthside.core.engine.config import EngineConfig
-from hearthside.core.models.default_model import cached_default_model_file
 
 MAX_TOKENS = 128
 CLIENTS = 4
@@ -202,30 +208,73 @@ def hearthside_server(
     return Server("Hearthside", argv, port, work / f"hearthside-{slots}.log", signal.SIGINT)
 
 
-def llama_server(
-    binary: Path, model: Path, config: EngineConfig, slots: int, ctx: int, key: str, work: Path
-) -> Server:
-    """llama-server with the settings Hearthside chose: `-c` is all slots' cells together."""
+def llama_server(binary: Path, model: Path, config: EngineConfig, key: str, work: Path) -> Server:
+    """llama-server with the settings Hearthside chose (its slots and context per slot,
+    which a back-off may have made fewer than asked): `-c` is all slots' cells together."""
     port = free_port()
     gpu_layers = "all" if config.n_gpu_layers < 0 else str(config.n_gpu_layers)
     argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["-np", str(slots), "-c", str(slots * ctx), "-ngl", gpu_layers]
+    argv += ["-np", str(config.n_parallel), "-c", str(config.total_context), "-ngl", gpu_layers]
     argv += ["-t", str(config.decode_threads), "-tb", str(config.batch_threads)]
     argv += ["-b", str(config.n_batch), "-ub", str(config.n_ubatch)]
     argv += ["-fa", "on" if config.flash_attn else "off"]
     argv += ["-ctk", config.type_k, "-ctv", config.type_v, "--no-webui", "--api-key", key]
+    argv += placement_args(config) + speculation_args(config)
+    return Server("llama-server", argv, port, work / f"llama-server-{config.n_parallel}.log")
+
+
+def placement_args(config: EngineConfig) -> list[str]:
+    """Memory and device settings, spelled as llama-server takes them."""
+    argv = ["-sm", config.split_mode, "-mg", str(config.main_gpu)]
+    if config.tensor_split:
+        argv += ["-ts", ",".join(f"{share:g}" for share in config.tensor_split)]
+    for override in config.tensor_overrides:
+        argv += ["-ot", override.to_flag()]
     if not config.use_mmap:
         argv.append("--no-mmap")
-    return Server("llama-server", argv, port, work / f"llama-server-{slots}.log")
+    if config.use_mlock:
+        argv.append("--mlock")
+    if config.numa != "off":
+        argv += ["--numa", config.numa]
+    if config.swa_full:
+        argv.append("--swa-full")
+    return argv
 
 
-def hearthside_config(model: Path, ctx: int, threads: int | None, slots: int) -> EngineConfig:
-    """What `hearthside serve` loads for this model here (tuned, else planned), which
-    llama-server is given too."""
+def speculation_args(config: EngineConfig) -> list[str]:
+    """A draft model as llama-server takes it; prompt lookup it cannot be given
+    (`unmatched_settings` says so)."""
+    speculative = config.speculative
+    if speculative.mode != "draft_model" or speculative.draft_model_path is None:
+        return []
+    argv = ["-md", speculative.draft_model_path, "--draft-max", str(speculative.draft_tokens)]
+    if speculative.draft_gpu_layers is not None:
+        argv += ["-ngld", str(speculative.draft_gpu_layers)]
+    if speculative.draft_n_ctx is not None:
+        argv += ["-cd", str(speculative.draft_n_ctx)]
+    if speculative.draft_threads is not None:
+        argv += ["-td", str(speculative.draft_threads)]
+    return argv
+
+
+def unmatched_settings(config: EngineConfig) -> list[str]:
+    """Hearthside's settings that llama-server is not given: the comparison is then not like
+    for like, and the printout says so."""
+    if config.speculative.mode == "prompt_lookup":
+        return [
+            f"speculation: prompt lookup (k={config.speculative.draft_tokens}, n-gram "
+            f"{config.speculative.ngram_size}) on Hearthside, none on llama-server"
+        ]
+    return []
+
+
+def hearthside_settings(model: Path, ctx: int, threads: int | None, slots: int) -> Any:
+    """What `hearthside serve` loads for this model here (tuned, else planned: a
+    `LoadSettings`, with where it came from and why), which llama-server is given too."""
     extra: dict[str, Any] = {}
     if "n_parallel" in inspect.signature(load_settings_for).parameters:
         extra["n_parallel"] = slots
-    return load_settings_for(str(model), ctx, threads, None, **extra).config
+    return load_settings_for(str(model), ctx, threads, None, **extra)
 
 
 def served_threads(asked: int | None) -> int | None:
@@ -279,24 +328,18 @@ class Side:
     rounds: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
-def tokens_of(report: dict[str, Any], by_usage: bool) -> int:
-    if by_usage:
-        return int(report["usage"]["completion_tokens"])
-    return len(report["stamps"])
-
-
-def aggregate_tok_s(reports: list[dict[str, Any]], by_usage: bool) -> float:
+def aggregate_tok_s(reports: list[dict[str, Any]]) -> float:
     wall = max(r["done"] for r in reports) - min(r["sent"] for r in reports)
-    return sum(tokens_of(r, by_usage) for r in reports) / wall
+    return sum(completion_tokens(r) for r in reports) / wall
 
 
 def slowest_first_token_s(reports: list[dict[str, Any]]) -> float:
     return max(r["stamps"][0] - r["sent"] for r in reports)
 
 
-def decode_tok_s(reports: list[dict[str, Any]], by_usage: bool) -> float:
-    (report,) = reports
-    return (tokens_of(report, by_usage) - 1) / (report["stamps"][-1] - report["stamps"][0])
+def single_decode_tok_s(reports: list[dict[str, Any]]) -> float:
+    (one,) = reports
+    return decode_tok_s(completion_tokens(one), one["stamps"][0], one["stamps"][-1])
 
 
 def first_token_s(reports: list[dict[str, Any]]) -> float:
@@ -308,16 +351,16 @@ def timed_round(side: Side, server: Server, key: str, texts: list[str]) -> None:
     side.rounds.append(run_clients(server.base_url, key, texts))
 
 
+Metric = Callable[[list[dict[str, Any]]], float]
+Bound = tuple[float, Direction]  # the ratio Hearthside / llama-server must meet
+
+
 @dataclass
 class Scenario:
     title: str
     slots: int
     clients: int
-    metrics: tuple[tuple[str, Callable[[list[dict[str, Any]], bool], float], str | None], ...]
-
-
-def _ttft(fn: Callable[[list[dict[str, Any]]], float]) -> Callable[..., float]:
-    return lambda reports, _by_usage: fn(reports)
+    metrics: tuple[tuple[str, Metric, Bound | None], ...]
 
 
 SCENARIOS = (
@@ -326,8 +369,8 @@ SCENARIOS = (
         CLIENTS,
         CLIENTS,
         (
-            ("aggregate tok/s", aggregate_tok_s, f">= {TARGET_AGGREGATE}"),
-            ("slowest first token s", _ttft(slowest_first_token_s), f"<= {TARGET_SLOWEST_TTFT}"),
+            ("aggregate tok/s", aggregate_tok_s, (TARGET_AGGREGATE, "at least")),
+            ("slowest first token s", slowest_first_token_s, (TARGET_SLOWEST_TTFT, "at most")),
         ),
     ),
     Scenario(
@@ -335,8 +378,8 @@ SCENARIOS = (
         1,
         1,
         (
-            ("decode tok/s", decode_tok_s, f">= {TARGET_SINGLE_DECODE}"),
-            ("first token s", _ttft(first_token_s), None),
+            ("decode tok/s", single_decode_tok_s, (TARGET_SINGLE_DECODE, "at least")),
+            ("first token s", first_token_s, None),
         ),
     ),
 )
@@ -356,7 +399,7 @@ def measure(
     key_file.write_text(key + "\n")
     os.chmod(key_file, 0o600)
     ours = hearthside_server(model, config, scenario.slots, ctx, key_file, work)
-    theirs = llama_server(binary, model, config, scenario.slots, ctx, key, work)
+    theirs = llama_server(binary, model, config, key, work)
     hearthside, native = Side(), Side()
     try:
         for server in (ours, theirs):
@@ -377,10 +420,9 @@ def measure(
                 functools.partial(timed_round, native, theirs, key, texts),
                 flip=number % 2 == 1,
             )
-            by_usage = all(r["usage"] for r in hearthside.rounds[-1] + native.rounds[-1])
             figures = "; ".join(
-                f"{name} Hearthside {metric(hearthside.rounds[-1], by_usage):.2f}, "
-                f"llama-server {metric(native.rounds[-1], by_usage):.2f}"
+                f"{name} Hearthside {metric(hearthside.rounds[-1]):.2f}, "
+                f"llama-server {metric(native.rounds[-1]):.2f}"
                 for name, metric, _target in scenario.metrics
             )
             load = os.getloadavg()[0]  # a busy neighbour on a small machine shows here
@@ -397,37 +439,26 @@ def measure(
 # --- the report ----------------------------------------------------------------------------
 
 
-def verdict(ratio: float, target: str | None) -> str:
-    if target is None:
-        return ""
-    sign, value = target.split()
-    met = ratio >= float(value) if sign == ">=" else ratio <= float(value)
-    return "PASS" if met else "MISS"
-
-
 def summarise(results: list[tuple[Scenario, Side, Side]]) -> dict[str, Any]:
-    reports = [r for _s, a, b in results for side in (a, b) for one in side.rounds for r in one]
-    by_usage = all(r["usage"] for r in reports)
     rows = []
     for scenario, hearthside, native in results:
-        for name, metric, target in scenario.metrics:
-            ours = [metric(one, by_usage) for one in hearthside.rounds]
-            theirs = [metric(one, by_usage) for one in native.rounds]
-            ratio = median_ratio(ours, theirs)
+        for name, metric, bound in scenario.metrics:
+            ours = [metric(one) for one in hearthside.rounds]
+            theirs = [metric(one) for one in native.rounds]
             rows.append(
                 {
                     "scenario": scenario.title,
                     "metric": name,
                     "hearthside": statistics.median(ours),
                     "llama_server": statistics.median(theirs),
-                    "ratio": ratio,
-                    "target": target,
-                    "verdict": verdict(ratio, target),
+                    "ratio": median_ratio(ours, theirs),
+                    "bound": None if bound is None else bound[0],
+                    "direction": None if bound is None else bound[1],
                 }
             )
     per_stream = {
         name: statistics.mean(
-            tokens_of(r, by_usage)
+            completion_tokens(r)
             for _scenario, *sides in results
             for one in sides[index].rounds
             for r in one
@@ -435,30 +466,43 @@ def summarise(results: list[tuple[Scenario, Side, Side]]) -> dict[str, Any]:
         for index, name in enumerate(("hearthside", "llama_server"))
     }
     return {
-        "tokens_counted_by": "usage.completion_tokens" if by_usage else "content chunks",
+        "tokens_counted_by": "usage.completion_tokens",
+        "decode_timing": DECODE_RULE,
         "mean_tokens_per_stream": per_stream,
         "rows": rows,
     }
 
 
+def targets_of(summary: dict[str, Any]) -> list[Target]:
+    """The rows with a bound: their ratio Hearthside / llama-server against it."""
+    return [
+        Target(
+            f"{row['scenario']}: {row['metric']}, Hearthside / llama-server",
+            row["ratio"],
+            row["bound"],
+            row["direction"],
+        )
+        for row in summary["rows"]
+        if row["bound"] is not None
+    ]
+
+
 def print_table(summary: dict[str, Any], out: Any) -> None:
     print(
-        f"{'scenario':22} {'metric':22} {'Hearthside':>10} {'llama-server':>12} "
-        f"{'ratio':>7}  target",
+        f"{'scenario':22} {'metric':22} {'Hearthside':>10} {'llama-server':>12} {'ratio':>7}",
         file=out,
     )
     for row in summary["rows"]:
-        target = f"{row['target']:8} {row['verdict']}" if row["target"] else "(none)"
         print(
             f"{row['scenario']:22} {row['metric']:22} {row['hearthside']:10.3f} "
-            f"{row['llama_server']:12.3f} {row['ratio']:7.3f}  {target}",
+            f"{row['llama_server']:12.3f} {row['ratio']:7.3f}",
             file=out,
         )
     tokens = summary["mean_tokens_per_stream"]
     print(
         f"tokens counted by {summary['tokens_counted_by']}; mean per stream: Hearthside "
         f"{tokens['hearthside']:.1f}, llama-server {tokens['llama_server']:.1f} "
-        f"(max_tokens {MAX_TOKENS})",
+        f"(max_tokens {MAX_TOKENS}); {summary['decode_timing']}",
         file=out,
     )
 
@@ -475,7 +519,31 @@ def default_llama_server() -> Path:
     )
 
 
-def main() -> int:
+def print_scenario_settings(scenario: Scenario, chosen: Any, home_note: str, out: Any) -> list[str]:
+    """Everything Hearthside loads with (and where it came from), every setting llama-server
+    cannot be given; returns the latter."""
+    config: EngineConfig = chosen.config
+    unmatched = unmatched_settings(config)
+    print_settings(
+        f"{scenario.title}: Hearthside (`hearthside serve`)",
+        {
+            "data folder": home_note,
+            "chosen by": f"{chosen.source}: {chosen.why}",
+            **config.to_dict(),
+            "decode_threads": config.decode_threads,
+            "batch_threads": config.batch_threads,
+        },
+        out,
+    )
+    print(
+        "  llama-server is given the same settings (its full command line follows at start)"
+        + ("; NOT matched: " + "; ".join(unmatched) if unmatched else ""),
+        file=out,
+    )
+    return unmatched
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per side (>= 3)")
     parser.add_argument("--model", type=Path, help="GGUF to serve (default: the default model)")
@@ -483,7 +551,8 @@ def main() -> int:
     parser.add_argument("--ctx", type=int, default=2048, help="context tokens per slot")
     parser.add_argument("--llama-server", type=Path, default=None, help="llama-server binary")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    add_data_option(parser)
+    args = parser.parse_args(argv)
     # A plain `kill` or `timeout` still runs the `finally` that stops both servers.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     if args.rounds < 3:
@@ -496,29 +565,36 @@ def main() -> int:
             f"llama-cpp-python {llama_cpp.__version__} vendors with `bash {script}` (4-8 min "
             "on 2 cores; it prints the bin folder), or pass --llama-server PATH."
         )
-    model = (args.model or cached_default_model_file()).resolve()
+    out = sys.stderr if args.json else sys.stdout
     results = []
-    with tempfile.TemporaryDirectory(prefix="hearthside-parallel-") as scratch:
+    unmatched: list[str] = []
+    with (
+        data_home(args.use_my_data) as home,
+        tempfile.TemporaryDirectory(prefix="hearthside-parallel-") as scratch,
+    ):
+        model = (args.model or home.default_chat_model()).resolve()
+        print(home.describe(), file=out)
         for scenario in SCENARIOS:
             threads = served_threads(args.threads)
-            config = hearthside_config(model, args.ctx, threads, scenario.slots)
-            print(
-                f"{scenario.title}: {model.name}, ctx {args.ctx}/slot, threads "
-                f"{config.decode_threads}/{config.batch_threads}, batch {config.n_batch}/"
-                f"{config.n_ubatch}, KV {config.type_k}/{config.type_v}, flash attention "
-                f"{'on' if config.flash_attn else 'off'}",
-                file=sys.stderr,
-            )
+            chosen = hearthside_settings(model, args.ctx, threads, scenario.slots)
+            unmatched += print_scenario_settings(scenario, chosen, home.describe(), out)
             hearthside, native = measure(
-                scenario, model, config, args.ctx, binary, args.rounds, Path(scratch)
+                scenario, model, chosen.config, args.ctx, binary, args.rounds, Path(scratch)
             )
             results.append((scenario, hearthside, native))
     summary = summarise(results)
     summary["hearthside_parallel_flag"] = "--parallel" in serve_options()
+    summary["settings_not_matched"] = unmatched
     if args.json:
         print(json.dumps(summary, indent=2))
-    print_table(summary, sys.stderr if args.json else sys.stdout)
-    return 0
+    print_table(summary, out)
+    if unmatched:
+        print(
+            "settings llama-server could not be given: " + "; ".join(unmatched) + ". The ratios "
+            "are not like for like; run without --use-my-data for a fresh data folder.",
+            file=out,
+        )
+    return report(targets_of(summary), out)
 
 
 if __name__ == "__main__":

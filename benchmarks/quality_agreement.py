@@ -9,10 +9,12 @@ the reference's top-64 tokens per position (plus the tail's mass); llama-perplex
 every token (as 16-bit log-probabilities), so this also checks that top-64 is enough.
 
     .venv/bin/python benchmarks/quality_agreement.py [--ctx 512] [--threads N] [--json]
+        [--use-my-data]
 
 llama-perplexity is the one `../shared/tools/build-native-llama.sh` builds from the vendored
 llama.cpp (default ~/.cache/hearthside-native/<version>/build/bin; `--tool` to choose).
-Target: every ratio within 5%; exit status 1 otherwise. Never run in CI.
+Runs on a fresh data folder unless `--use-my-data`. Target: every KLD and perplexity ratio
+within 5%; exit status 1 otherwise. Never run in CI.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 import llama_cpp
+from _setup import add_data_option, data_home, print_settings
+from _targets import Target, report
 
 from hearthside.autotune.quality import Candidate, load_eval_text, measure_quality
 from hearthside.autotune.wisdom import QualityRecord, WisdomDB
-from hearthside.core.models.default_model import cached_default_model_file
 
 LLAMA_FTYPE = {"Q8_0": 7, "Q4_0": 2}
 TARGET = 0.05
@@ -135,18 +138,34 @@ def ratio(ours: float, theirs: float) -> float:
     return ours / theirs
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ctx", type=int, default=512)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--tool", type=Path, default=default_tool())
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    add_data_option(parser)
+    args = parser.parse_args(argv)
     if not args.tool.exists():
-        raise SystemExit(f"no llama-perplexity at {args.tool}; build it first")
-    with tempfile.TemporaryDirectory(prefix="quality-agreement-") as scratch:
+        raise SystemExit(
+            f"no llama-perplexity at {args.tool}: build it with "
+            "`bash ../shared/tools/build-native-llama.sh`, or pass --tool PATH"
+        )
+    out = sys.stderr if args.json else sys.stdout
+    with (
+        data_home(args.use_my_data) as home,
+        tempfile.TemporaryDirectory(prefix="quality-agreement-") as scratch,
+    ):
         folder = Path(scratch)
-        source = cached_default_model_file()
+        source = home.default_chat_model()
+        print(home.describe(), file=out)
+        print_settings(
+            "both tools",
+            {"reference": f"{source} (f16 KV)", "ctx": args.ctx, "batch": args.ctx,
+             "threads (llama-perplexity)": args.threads, "flash attention": "on",
+             "text": "assets/eval/quality-eval.txt", "tool": str(args.tool)},
+            out,
+        )  # fmt: skip
         reference = Candidate(source, "Q4_1")
         candidates = [
             Candidate(requantize(source, "Q4_0", folder), "Q4_0"),
@@ -161,9 +180,16 @@ def main() -> int:
         print(json.dumps({"ctx": args.ctx, "rows": rows}, indent=1))
     else:
         print_table(rows, args.ctx, ours[0].reference_perplexity, ours[0].n_tokens)
-    worst = max(abs(row[key] - 1) for row in rows for key in ("kld_ratio", "ppl_ratio"))
-    print(f"worst ratio off by {worst:.2%} (target {TARGET:.0%})")
-    return 0 if worst <= TARGET else 1
+    return report(targets_of(rows), out)
+
+
+def targets_of(rows: list[dict]) -> list[Target]:
+    """The worst KLD and perplexity ratio, Hearthside / llama-perplexity, off 1 by at most 5%."""
+    return [
+        Target(f"worst {name} ratio Hearthside / llama-perplexity, off 1 by",
+               max(abs(row[f"{key}_ratio"] - 1) for row in rows), TARGET, "at most", unit="")
+        for name, key in (("KLD", "kld"), ("perplexity", "ppl"))
+    ]  # fmt: skip
 
 
 def row_of(candidate: Candidate, ours: QualityRecord, theirs: dict[str, float]) -> dict:

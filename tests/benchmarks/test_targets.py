@@ -1,0 +1,308 @@
+"""Every benchmark's targets on recorded numbers: a miss gives exit status 1, numbers that
+meet every target give 0. Nothing here runs a benchmark (minutes each): each benchmark's
+target logic is a pure function of its measured numbers, and these tests call it, along
+with the shared timing rule, the settings llama-server is given and the fresh data folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import math
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
+from hearthside.core.models.store import ModelStore
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def benchmark(name: str) -> ModuleType:
+    """A script from benchmarks/, imported as its own top-level module, as it runs."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
+
+
+def status(targets: list[Any]) -> int:
+    return benchmark("_targets").report(targets, io.StringIO())
+
+
+# --- the shared pieces -------------------------------------------------------------------
+
+
+def test_a_target_is_met_on_its_side_of_the_bound_only() -> None:
+    Target = benchmark("_targets").Target
+    assert Target("ratio", 0.95, 0.95, "at least").met
+    assert not Target("ratio", 0.949, 0.95, "at least").met
+    assert Target("seconds", 2.0, 2.0, "at most", unit="s").met
+    assert not Target("seconds", 2.01, 2.0, "at most", unit="s").met
+
+
+def test_a_figure_never_measured_is_a_miss() -> None:
+    Target = benchmark("_targets").Target
+    assert not Target("ratio", None, 0.95).met
+    assert not Target("ratio", math.nan, 0.95).met
+    assert not Target.holds("switched on", None).met
+    assert Target.holds("switched on", True).met
+    assert not Target.holds("switched on", False).met
+
+
+def test_the_table_says_pass_and_miss_and_one_miss_fails_the_run() -> None:
+    targets_module = benchmark("_targets")
+    Target = targets_module.Target
+    out = io.StringIO()
+    returned = targets_module.report(
+        [Target("decode ratio", 0.99, 0.97), Target("prefill ratio", 0.90, 0.97)], out
+    )
+    assert returned == 1
+    table = out.getvalue()
+    assert "decode ratio" in table and "PASS" in table
+    assert "prefill ratio" in table and "MISS" in table
+    assert "1 of 2 targets missed" in table
+
+
+def test_no_targets_is_a_report_only_run_that_exits_0() -> None:
+    out = io.StringIO()
+    assert benchmark("_targets").report([], out) == 0
+    assert "none" in out.getvalue()
+
+
+def test_decode_rate_counts_tokens_between_the_first_and_last_arrival() -> None:
+    timing = benchmark("_timing")
+    # 128 tokens that arrived in 45 pieces over 1.27 s: the pieces do not enter the figure
+    assert timing.decode_tok_s(128, 10.0, 11.27) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="two tokens"):
+        timing.decode_tok_s(1, 10.0, 10.0)
+
+
+# --- each benchmark's targets --------------------------------------------------------------
+
+
+def test_api_overhead() -> None:
+    bench = benchmark("api_overhead")
+    passing = {"api_decode_tok_s": 96.1, "direct_decode_tok_s": 98.0, "ratio": 0.981}
+    missing = {"api_decode_tok_s": 80.2, "direct_decode_tok_s": 98.0, "ratio": 0.818}
+    assert status(bench.targets_of(passing)) == 0
+    assert status(bench.targets_of(missing)) == 1
+
+
+def test_engine_overhead_needs_both_prefill_and_decode() -> None:
+    bench = benchmark("engine_overhead")
+    passing = {"prefill_ratio": 0.99, "decode_ratio": 0.98}
+    assert status(bench.targets_of(passing)) == 0
+    assert status(bench.targets_of({**passing, "prefill_ratio": 0.93})) == 1
+    assert status(bench.targets_of({**passing, "decode_ratio": 0.96})) == 1
+
+
+def test_worker_overhead() -> None:
+    bench = benchmark("worker_overhead")
+    # architecture.md: 0.97x before the worker's threads were fixed, 0.99-1.01x after
+    assert status(bench.targets_of({"decode_ratio": 0.99})) == 0
+    assert status(bench.targets_of({"decode_ratio": 0.97})) == 1
+
+
+def test_startup() -> None:
+    bench = benchmark("startup")
+    assert status(bench.targets_of({"median_shown_s": 1.42})) == 0
+    assert status(bench.targets_of({"median_shown_s": 2.6})) == 1
+
+
+def speculation_row(workload: str, setting: str, speedup: float) -> dict[str, Any]:
+    return {"workload": workload, "setting": setting, "speedup": speedup}
+
+
+def decision(workload: str, mode: str, gain: float | None) -> dict[str, Any]:
+    return {"workload": workload, "chosen": {"mode": mode}, "gain": gain}
+
+
+def test_speculative_evaluates_its_targets() -> None:
+    bench = benchmark("speculative")
+    rows = [
+        speculation_row("code_edit", "prompt lookup k=8", 1.31),
+        speculation_row("code_edit", "prompt lookup k=4", 1.18),
+        speculation_row("code_edit", "draft Q4_0 k=4", 0.74),
+        speculation_row("chat", "prompt lookup k=8", 0.97),
+    ]
+    good = [decision("code_edit", "prompt_lookup", 1.3), decision("chat", "off", None)]
+    assert status(bench.targets_of(rows, good)) == 0
+    # with --parallel the tuner does not run: the speed-up alone is the target
+    assert status(bench.targets_of(rows, [])) == 0
+    slow = [{**row, "speedup": 1.02} for row in rows]
+    assert status(bench.targets_of(slow, good)) == 1
+    left_off = [decision("code_edit", "off", None), decision("chat", "off", None)]
+    assert status(bench.targets_of(rows, left_off)) == 1
+    on_without_gain = [good[0], decision("chat", "prompt_lookup", 1.01)]
+    assert status(bench.targets_of(rows, on_without_gain)) == 1
+    on_with_gain = [good[0], decision("chat", "prompt_lookup", 1.12)]
+    assert status(bench.targets_of(rows, on_with_gain)) == 0
+
+
+def test_autotune_quality() -> None:
+    bench = benchmark("autotune_quality")
+    passing = {"tuner_over_sweep_best": 0.97, "tuner_over_llama_cpp_defaults": 1.04}
+    assert status(bench.targets_of(passing)) == 0
+    assert status(bench.targets_of({**passing, "tuner_over_sweep_best": 0.91})) == 1
+    assert status(bench.targets_of({**passing, "tuner_over_llama_cpp_defaults": 0.98})) == 1
+
+
+def test_memory_model_fails_on_one_buffer_off() -> None:
+    bench = benchmark("memory_model")
+    grid = [{"ok": True, "large": False}] * 540
+    large = [{"ok": True, "large": True}] * 30
+    assert status(bench.targets_of(grid, large)) == 0
+    assert status(bench.targets_of(grid, [*large, {"ok": False, "large": True}])) == 1
+    assert status(bench.targets_of([*grid, {"ok": False, "large": False}], large)) == 1
+
+
+def test_quality_agreement() -> None:
+    bench = benchmark("quality_agreement")
+    rows = [{"kld_ratio": 1.02, "ppl_ratio": 1.001}, {"kld_ratio": 0.97, "ppl_ratio": 0.999}]
+    assert status(bench.targets_of(rows)) == 0
+    assert status(bench.targets_of([*rows, {"kld_ratio": 1.08, "ppl_ratio": 1.0}])) == 1
+
+
+def test_speed_model_per_set() -> None:
+    bench = benchmark("speed_model")
+    fitted = {"set": "fitted", "decode_ratio": 0.91, "prefill_ratio": 1.05}
+    held_out = {"set": "held-out", "decode_ratio": 0.86, "prefill_ratio": 1.12}
+    assert status(bench.targets_of([fitted, held_out])) == 0
+    assert status(bench.targets_of([fitted, {**held_out, "prefill_ratio": 1.31}])) == 1
+    # --only may leave a set empty: no target for it, not a miss
+    assert len(bench.targets_of([fitted])) == 2
+
+
+def test_disk_streaming_within_2x_either_way() -> None:
+    bench = benchmark("disk_streaming")
+    row = {
+        "model": "dense-1.5b Q8_0",
+        "random_access": False,
+        "ratio": 0.62,
+        "measured_disk_bytes_per_token": 1.1e9,
+        "predicted_disk_bytes_per_token": 1.3e9,
+    }
+    assert status(bench.targets_of([row])) == 0
+    assert status(bench.targets_of([{**row, "ratio": 0.45}])) == 1
+    assert status(bench.targets_of([{**row, "measured_disk_bytes_per_token": 3e9}])) == 1
+    # MADV_RANDOM rows are diagnostics
+    assert bench.targets_of([{**row, "random_access": True, "ratio": 0.1}]) == []
+
+
+# --- parallel_clients: tokens from usage, the same settings on both servers ----------------
+
+
+def client_report(sent: float, stamps: list[float], done: float, tokens: int) -> dict[str, Any]:
+    return {"sent": sent, "stamps": stamps, "done": done, "usage": {"completion_tokens": tokens}}
+
+
+def recorded_sides(ours_wall: float) -> tuple[Any, Any]:
+    """Three rounds of 4 clients per server; each stream 128 tokens in only 3 pieces."""
+    bench = benchmark("parallel_clients")
+    hearthside, native = bench.Side(), bench.Side()
+    for _round in range(3):
+        hearthside.rounds.append(
+            [client_report(0.0, [0.3, 1.0, ours_wall], ours_wall, 128) for _ in range(4)]
+        )
+        native.rounds.append([client_report(0.0, [0.25, 1.0, 4.0], 4.0, 128) for _ in range(4)])
+    return hearthside, native
+
+
+def single_sides(ours_last: float) -> tuple[Any, Any]:
+    bench = benchmark("parallel_clients")
+    hearthside, native = bench.Side(), bench.Side()
+    for _round in range(3):
+        hearthside.rounds.append([client_report(0.0, [0.1, ours_last], ours_last, 128)])
+        native.rounds.append([client_report(0.0, [0.1, 1.37], 1.37, 128)])
+    return hearthside, native
+
+
+def parallel_summary(ours_wall: float, ours_last: float) -> dict[str, Any]:
+    bench = benchmark("parallel_clients")
+    four, one = bench.SCENARIOS
+    return bench.summarise([(four, *recorded_sides(ours_wall)), (one, *single_sides(ours_last))])
+
+
+def test_parallel_clients_counts_tokens_from_usage_not_pieces() -> None:
+    summary = parallel_summary(ours_wall=4.0, ours_last=1.37)
+    aggregate, _first, decode, _single_first = summary["rows"]
+    assert aggregate["hearthside"] == pytest.approx(4 * 128 / 4.0)
+    assert decode["hearthside"] == pytest.approx(127 / 1.27)
+    assert summary["mean_tokens_per_stream"] == {"hearthside": 128, "llama_server": 128}
+
+
+def test_parallel_clients_targets() -> None:
+    bench = benchmark("parallel_clients")
+    assert status(bench.targets_of(parallel_summary(ours_wall=4.2, ours_last=1.39))) == 0
+    assert status(bench.targets_of(parallel_summary(ours_wall=5.0, ours_last=1.39))) == 1
+    assert status(bench.targets_of(parallel_summary(ours_wall=4.2, ours_last=1.6))) == 1
+
+
+def test_parallel_clients_refuses_a_stream_without_usage() -> None:
+    bench = benchmark("parallel_clients")
+    report = client_report(0.0, [0.1, 1.0], 1.0, 10)
+    report["usage"] = None
+    with pytest.raises(SystemExit, match="usage"):
+        bench.aggregate_tok_s([report])
+
+
+def test_llama_server_is_given_hearthsides_settings(tmp_path: Path) -> None:
+    bench = benchmark("parallel_clients")
+    draft = SpeculativeConfig(mode="draft_model", draft_tokens=6, draft_model_path="/m/d.gguf")
+    config = EngineConfig(
+        "/m/model.gguf", n_ctx=2048, n_parallel=4, n_threads=2, n_threads_batch=2,
+        n_batch=1024, n_ubatch=256, flash_attn=True, type_k="q8_0", type_v="q8_0",
+        use_mlock=True, speculative=draft,
+    )  # fmt: skip
+    argv = bench.llama_server(
+        Path("/bin/llama-server"), Path("/m/model.gguf"), config, "k", tmp_path
+    ).argv
+    joined = " ".join(argv)
+    for expected in (
+        "-np 4 -c 8192", "-t 2 -tb 2", "-b 1024 -ub 256", "-fa on", "-ctk q8_0 -ctv q8_0",
+        "--mlock", "--swa-full", "-md /m/d.gguf --draft-max 6",
+    ):  # fmt: skip
+        assert expected in joined
+    assert bench.unmatched_settings(config) == []
+
+
+def test_prompt_lookup_is_named_as_a_setting_llama_server_lacks() -> None:
+    bench = benchmark("parallel_clients")
+    lookup = SpeculativeConfig(mode="prompt_lookup", draft_tokens=8, ngram_size=3)
+    config = EngineConfig("/m/model.gguf", speculative=lookup)
+    (note,) = bench.unmatched_settings(config)
+    assert "prompt lookup" in note and "none on llama-server" in note
+    assert bench.speculation_args(config) == []
+
+
+# --- the fresh data folder -----------------------------------------------------------------
+
+
+def test_a_fresh_data_folder_registers_the_model_and_goes_away(chat_model_file: Path) -> None:
+    setup = benchmark("_setup")
+    before = os.environ["HEARTHSIDE_HOME"]
+    with setup.data_home(use_my_data=False) as home:
+        assert home.fresh and os.environ["HEARTHSIDE_HOME"] == str(home.path)
+        assert home.path != Path(before)
+        model = home.default_chat_model()
+        assert model.resolve() == chat_model_file.resolve()  # registered where it lies
+        with ModelStore(home.path) as store:
+            default = store.default()
+            assert default is not None and default.path == model
+            assert store.default_model_installed_before()
+        assert "fresh" in home.describe()
+    assert os.environ["HEARTHSIDE_HOME"] == before
+    assert not home.path.exists()
+
+
+def test_use_my_data_keeps_the_users_folder() -> None:
+    setup = benchmark("_setup")
+    with setup.data_home(use_my_data=True) as home:
+        assert not home.fresh
+        assert home.path == Path(os.environ["HEARTHSIDE_HOME"])
+        assert "YOURS" in home.describe()
