@@ -16,12 +16,14 @@ from pathlib import Path
 from hearthside.app.cli_support import printable, reports_errors, text_table
 from hearthside.app.models_hub_cli import add_hub_commands
 from hearthside.app.progress import ProgressLine
+from hearthside.core.display_text import shortened
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.models.default_model import ensure_default_model, ensure_default_model_once
 from hearthside.core.models.spec import ModelSpec, TensorGroup, human_params
-from hearthside.core.models.store import DEFAULT_REF, ModelRecord, ModelStore, human_size
+from hearthside.core.models.store import DEFAULT_REF, ModelRecord, ModelStore
 from hearthside.core.paths import data_dir
+from hearthside.core.units import format_bytes
 
 LIST_JSON_SCHEMA = 1
 EXIT_OK = 0
@@ -89,6 +91,11 @@ def _install_default_on_first_use(store: ModelStore) -> None:
 # --- formatting ------------------------------------------------------------------------------
 
 
+def _shown(value: object) -> str:
+    """Text from a model file as one printed field: shortened, then escaped."""
+    return printable(shortened(str(value)))
+
+
 def format_models(records: Sequence[ModelRecord]) -> str:
     """The human listing: a table, then the licence notices of the listed models."""
     if not records:
@@ -100,20 +107,18 @@ def format_models(records: Sequence[ModelRecord]) -> str:
     header = ("ID", "NAME", "SIZE", "QUANT", "ARCH", "DEFAULT")
     rows = [
         (
-            printable(record.id),
-            printable(record.name) + (" (linked)" if record.linked else "") + _variant_note(record),
-            human_size(record.size_bytes),
-            printable(record.quant or "?"),
-            printable(record.architecture or "?"),
+            _shown(record.id),
+            _shown(record.name) + (" (linked)" if record.linked else "") + _variant_note(record),
+            format_bytes(record.size_bytes),
+            _shown(record.quant or "?"),
+            _shown(record.architecture or "?"),
             "*" if record.is_default else "",
         )
         for record in records
     ]
     text = text_table([header, *rows])
     notices = [
-        f"  {printable(record.id)}: {printable(record.licence)}"
-        for record in records
-        if record.licence
+        f"  {_shown(record.id)}: {_shown(record.licence)}" for record in records if record.licence
     ]
     if notices:
         text += "\n\nLicences:\n" + "\n".join(notices)
@@ -121,12 +126,12 @@ def format_models(records: Sequence[ModelRecord]) -> str:
 
 
 def _variant_note(record: ModelRecord) -> str:
-    return f" (variant of {printable(record.variant_of)})" if record.variant_of else ""
+    return f" (variant of {_shown(record.variant_of)})" if record.variant_of else ""
 
 
 def _describe(record: ModelRecord) -> str:
     """A record in one line; its id and name come from the model file, hence `printable`."""
-    return f"{printable(record.id)} ({printable(record.name)}, {human_size(record.size_bytes)})"
+    return f"{_shown(record.id)} ({_shown(record.name)}, {format_bytes(record.size_bytes)})"
 
 
 # --- handlers --------------------------------------------------------------------------------
@@ -221,13 +226,13 @@ def _show_model(args: argparse.Namespace) -> int:
 
 def format_spec(spec: ModelSpec) -> str:
     """The readable summary of a model spec: the numbers, then bytes per tensor group."""
-    name, architecture = printable(spec.name), printable(spec.architecture)
-    lines = [f"{name}  ({architecture}, from {printable(_spec_origin(spec))})", ""]
-    lines += [f"  {label:<13}{printable(value)}" for label, value in _spec_facts(spec)]
-    rows = [tuple(printable(cell) for cell in row) for row in _group_rows(spec)]
+    name, architecture = _shown(spec.name), _shown(spec.architecture)
+    lines = [f"{name}  ({architecture}, from {_shown(_spec_origin(spec))})", ""]
+    lines += [f"  {label:<13}{_shown(value)}" for label, value in _spec_facts(spec)]
+    rows = [tuple(_shown(cell) for cell in row) for row in _group_rows(spec)]
     lines += ["", *("  " + row for row in text_table(rows).splitlines())]
     if spec.unknown:
-        unknown = ", ".join(printable(field) for field in spec.unknown)
+        unknown = ", ".join(_shown(field) for field in spec.unknown)
         lines += ["", f"Could not be determined: {unknown}."]
     return "\n".join(lines)
 
@@ -314,7 +319,7 @@ def _experts_text(spec: ModelSpec) -> str:
 
 
 def _weights_text(spec: ModelSpec) -> str:
-    size = "?" if spec.size_bytes is None else human_size(spec.size_bytes)
+    size = "?" if spec.size_bytes is None else format_bytes(spec.size_bytes)
     bits = "?" if spec.bits_per_weight is None else f"{spec.bits_per_weight:.2f}"
     return f"{spec.file_type or 'custom'}, {bits} bits per weight, {size}"
 
@@ -354,5 +359,5 @@ def _group_rows(spec: ModelSpec) -> list[tuple[str, str, str, str]]:
             rows.append((label, "-", "-", "tied to embeddings"))
             continue
         types = ", ".join(group.quant_types) or "?"
-        rows.append((label, human_params(group.params), human_size(group.bytes), types))
+        rows.append((label, human_params(group.params), format_bytes(group.bytes), types))
     return rows

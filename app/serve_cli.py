@@ -6,22 +6,34 @@ and the same queue as for a local model, the remote's model behind it.
 `--parallel N` sets how many requests the local model answers at once (slots, each with its
 own `--ctx` tokens of KV cache); without it the planner chooses (up to 4 where memory allows,
 autotune/planner.py). A number that does not fit is backed off, and the loading line says so.
+
+Ctrl-C or SIGTERM stops it within seconds whatever a load is doing: requests waiting for a
+model are answered, every engine worker is killed on the way out, and if a clean stop takes
+longer than STOP_GRACE_S (or the signal comes twice) the workers are killed and the process
+exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
+import signal
 import socket
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import FrameType
 
 from hearthside.app.api_models import LoadKnobs, on_demand_models
 from hearthside.app.cli_support import add_thread_options, parallel_requests
 from hearthside.app.terminal_chat import config_for, start_loading, status
+from hearthside.autotune.load_settings import LoadSettings
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.remote import RemoteConfig
 from hearthside.core.engine.service import EngineService
+from hearthside.core.engine.worker_engine import kill_every_worker
 from hearthside.core.paths import data_dir
 from hearthside.core.server.app import ServerSettings
 from hearthside.core.server.controller import check_bind_address, serve_foreground
@@ -35,6 +47,8 @@ from hearthside.core.server.model_pool import DEFAULT_MAX_LOADED
 from hearthside.core.settings import Settings
 
 DEFAULT_PORT = 8765
+STOP_GRACE_S = 5.0  # after Ctrl-C/SIGTERM, the most a clean stop may take
+EXIT_INTERRUPTED = 130
 # "name:port", "1.2.3.4:port" or "[v6]:port": a Host value that already names its port.
 _HAS_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+):\d+")
 
@@ -95,34 +109,105 @@ def _run_serve(args: argparse.Namespace) -> int:
     api_key = None if args.no_key else _api_key(args.api_key_file)
     check_bind_is_safe(args.host, api_key)  # before the model loads: fail fast
     lan_hosts = allowed_lan_hosts(args.lan_host, args.port)
-    with EngineService(max_queue=args.max_queue) as service:
-        loaded = start_loading(service, chosen).result()
-        settings = ServerSettings(
-            host=args.host,
-            port=args.port,
-            api_key=api_key,
-            extra_hosts=lan_hosts,
-            cors_origins=tuple(args.cors_origin),
-            model_id=served_model_id(loaded),
-            max_on_demand_models=args.max_models,
-        )
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        status(f"Serving {settings.model_id} at http://{host}:{args.port}/v1")
-        if isinstance(loaded, EngineConfig):
-            status(slots_note(loaded))
-        if api_key:
-            status(f"API key: {api_key}")
-        if not is_loopback_host(args.host):
-            status(lan_access_note(settings.security_policy().allowed_hosts()))
-        status("Press Ctrl-C to stop.")
-        knobs = LoadKnobs(
-            n_ctx=args.ctx,
-            n_threads=args.threads,
-            n_threads_batch=args.batch_threads,
-            n_parallel=args.parallel,
-        )  # for models named by requests
-        serve_foreground(settings, service, on_demand_models(data_dir(), knobs))
+    stopper = _Stopper()
+    service = EngineService(max_queue=args.max_queue).start()
+    try:
+        with stopper.handling_signals():
+            _serve(args, service, chosen, api_key, lan_hosts, stopper)
+    finally:
+        service.stop(timeout=0)  # no restart of a worker killed next
+        kill_every_worker(for_good=stopper.signalled_once)  # a load still running ends now
     return 0
+
+
+def _serve(
+    args: argparse.Namespace,
+    service: EngineService,
+    chosen: LoadSettings | RemoteConfig,
+    api_key: str | None,
+    lan_hosts: tuple[str, ...],
+    stopper: _Stopper,
+) -> None:
+    loaded = start_loading(service, chosen).result()
+    settings = ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        extra_hosts=lan_hosts,
+        cors_origins=tuple(args.cors_origin),
+        model_id=served_model_id(loaded),
+        max_on_demand_models=args.max_models,
+    )
+    _announce(args, settings, loaded)
+    knobs = LoadKnobs(
+        n_ctx=args.ctx,
+        n_threads=args.threads,
+        n_threads_batch=args.batch_threads,
+        n_parallel=args.parallel,
+    )  # for models named by requests
+    serve_foreground(
+        settings, service, on_demand_models(data_dir(), knobs), on_signal=stopper.signalled
+    )
+
+
+def _announce(
+    args: argparse.Namespace, settings: ServerSettings, loaded: EngineConfig | RemoteConfig
+) -> None:
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    status(f"Serving {settings.model_id} at http://{host}:{args.port}/v1")
+    if isinstance(loaded, EngineConfig):
+        status(slots_note(loaded))
+    if settings.api_key:
+        status(f"API key: {settings.api_key}")
+    if not is_loopback_host(args.host):
+        status(lan_access_note(settings.security_policy().allowed_hosts()))
+    status("Press Ctrl-C to stop.")
+
+
+class _Stopper:
+    """Makes Ctrl-C and SIGTERM end `serve` promptly. Both raise KeyboardInterrupt in the
+    main thread (uvicorn, while it runs, handles them itself and raises them again once it
+    has stopped); the first also starts a deadline after which every worker is killed and the
+    process exits, and a second one does that at once."""
+
+    def __init__(self) -> None:
+        self._first = threading.Event()
+
+    @property
+    def signalled_once(self) -> bool:
+        return self._first.is_set()
+
+    @contextlib.contextmanager
+    def handling_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self._interrupt) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _interrupt(self, sig: int, _frame: FrameType | None) -> None:
+        self.signalled(sig)
+        raise KeyboardInterrupt
+
+    def signalled(self, _sig: int) -> None:
+        if self._first.is_set():
+            _exit_now()
+        self._first.set()
+        threading.Thread(target=self._exit_after_grace, name="stop-deadline", daemon=True).start()
+
+    def _exit_after_grace(self) -> None:
+        threading.Event().wait(STOP_GRACE_S)
+        status(f"Hearthside did not stop within {STOP_GRACE_S:.0f} s; stopping it at once.")
+        _exit_now()
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _exit_now() -> None:
+    kill_every_worker(for_good=True)
+    os._exit(EXIT_INTERRUPTED)
 
 
 def _at_least_one(text: str) -> int:

@@ -12,29 +12,39 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-MIB = 1024 * 1024
+from hearthside.core.units import MIB
 
+# A line's text comes from the model file too (llama.cpp logs `general.name` whole), so every
+# pattern here is anchored at the start of the line and each repetition is bounded: a match
+# costs the same on a 16 MiB line as on a normal one (issue 36).
 # "load_tensors:   CPU_Mapped model buffer size =   235.16 MiB"
 _BUFFER = re.compile(
-    r"(?P<buffer>[A-Za-z0-9_]+)\s+(?P<kind>model|KV|compute|output) buffer size\s*=\s*"
-    r"(?P<mib>[0-9.]+) MiB"
+    r"[ \t]{0,16}[A-Za-z0-9_]{1,64}:[ \t]{1,64}(?P<buffer>[A-Za-z0-9_]{1,64})[ \t]{1,64}"
+    r"(?P<kind>model|KV|compute|output) buffer size[ \t]{0,64}=[ \t]{0,64}"
+    r"(?P<mib>[0-9]{1,15}(?:\.[0-9]{1,6})?) MiB"
 )
 # "llama_kv_cache: size = 7.97 MiB ( 1024 cells, 15 layers, 1/1 seqs), K (q8_0): 3.98 MiB, ..."
 _KV_CACHE = re.compile(
-    r"llama_kv_cache: size =\s*(?P<mib>[0-9.]+) MiB \(\s*(?P<cells>\d+) cells,\s*(?P<layers>\d+) "
-    r"layers.*K \((?P<type_k>\w+)\):\s*(?P<k_mib>[0-9.]+) MiB, V \((?P<type_v>\w+)\):\s*"
-    r"(?P<v_mib>[0-9.]+) MiB"
+    r"[ \t]{0,16}llama_kv_cache: size =[ \t]{0,64}(?P<mib>[0-9]{1,15}(?:\.[0-9]{1,6})?) MiB "
+    r"\([ \t]{0,64}(?P<cells>[0-9]{1,12}) cells,[ \t]{0,64}(?P<layers>[0-9]{1,6}) layers"
+    r"[^()]{0,64}\),[ \t]{0,64}K \((?P<type_k>\w{1,32})\):[ \t]{0,64}"
+    r"(?P<k_mib>[0-9]{1,15}(?:\.[0-9]{1,6})?) MiB, V \((?P<type_v>\w{1,32})\):[ \t]{0,64}"
+    r"(?P<v_mib>[0-9]{1,15}(?:\.[0-9]{1,6})?) MiB"
 )
-# "tensor blk.0.ffn_down.weight (1 MiB q6_K) buffer type overridden to CPU"
-_OVERRIDDEN = re.compile(r"tensor (?P<name>\S+) \(.*\) buffer type overridden to (?P<buffer>\S+)")
+# "tensor blk.0.ffn_down.weight (1 MiB q6_K) buffer type overridden to CPU" (llama.cpp's tensor
+# names are under 64 bytes, GGML_MAX_NAME).
+_OVERRIDDEN = re.compile(
+    r"[ \t]{0,16}tensor (?P<name>\S{1,256}) \([^()]{0,64}\) buffer type overridden to "
+    r"(?P<buffer>\S{1,64})"
+)
 
 # Buffers in host memory, whatever their name: mmapped weights, repacked weights, pinned staging.
-_HOST_BUFFER = re.compile(r"^(CPU(_.*)?|.*_Host)$")
+_HOST_BUFFER = re.compile(r"CPU(?:_\S{0,64})?|\S{0,64}_Host")
 
 
 def device_of(buffer: str) -> str:
     """The memory a buffer occupies: "CPU" for every host buffer, else the device ("CUDA0")."""
-    return "CPU" if _HOST_BUFFER.match(buffer) else buffer
+    return "CPU" if _HOST_BUFFER.fullmatch(buffer) else buffer
 
 
 @dataclass
@@ -113,7 +123,7 @@ def parse_load_log(lines: Iterable[str]) -> LoadReport:
 
 
 def _read_line(report: LoadReport, line: str) -> None:
-    if match := _KV_CACHE.search(line):
+    if match := _KV_CACHE.match(line):
         report.kv_caches.append(
             KvCacheReport(
                 cells=int(match["cells"]),
@@ -123,11 +133,11 @@ def _read_line(report: LoadReport, line: str) -> None:
                 bytes=_bytes(match["mib"]),
             )
         )
-    elif match := _BUFFER.search(line):
+    elif match := _BUFFER.match(line):
         memory = report.device(device_of(match["buffer"]))
         attribute = f"{match['kind'].lower()}_bytes"
         setattr(memory, attribute, getattr(memory, attribute) + _bytes(match["mib"]))
-    elif match := _OVERRIDDEN.search(line):
+    elif match := _OVERRIDDEN.match(line):
         report.overridden[match["name"]] = match["buffer"]
 
 

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import llama_cpp
 
+from hearthside.core.display_text import shortened
+
 log = logging.getLogger("hearthside.llama_cpp")
 _RECENT_LINES = 64
 _recent: collections.deque[str] = collections.deque(maxlen=_RECENT_LINES)
@@ -82,5 +84,5 @@ def last_failure_line() -> str | None:
     for line in reversed(lines):
         lowered = line.lower()
         if "error" in lowered or "failed" in lowered:
-            return line.strip()
+            return shortened(line.strip())  # the line may hold a megabyte of model metadata
     return None

@@ -53,7 +53,7 @@ MAX_SERVER_MESSAGE_CHARS = 300
 RELAY_ROUTES = frozenset({"chat/completions", "completions", "embeddings"})
 # Keys go in an HTTP header: printable ASCII, no spaces.
 VALID_REMOTE_KEY = re.compile(r"[\x21-\x7e]{1,4096}")
-_BEARER = re.compile(r"(?i)bearer\s+\S+")
+_BEARER = re.compile(r"(?i)bearer\s++\S+")  # possessive: a long gap is scanned once
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 SseEvent = dict[str, Any]
 

@@ -59,6 +59,12 @@ class EngineNotice:
 
 
 Listener = Callable[[EngineNotice], None]
+ResultListener = Callable[[Any], None]
+
+
+class EngineStoppedError(EngineError):
+    """A job was submitted to a service that has stopped (the app is closing, or the model
+    was unloaded to make room for another)."""
 
 
 @dataclass
@@ -99,6 +105,7 @@ class EngineService:
         self._max_queue = max_queue
         self._pending: collections.deque[Job[Any]] = collections.deque()
         self._condition = threading.Condition()
+        self._active: dict[int, Job[Any]] = {}  # the jobs running now, by id(): stop() stops them
         self._running = 0
         self._exclusive = False
         self._engine_factory = engine_factory
@@ -108,6 +115,7 @@ class EngineService:
         self._crashes_in_a_row = 0
         self._restart_wanted = False
         self._listeners: list[Listener] = []
+        self._result_listeners: list[ResultListener] = []
         self._thread = threading.Thread(target=self._work, name="hearthside-engine", daemon=True)
         self._started = False
         self._stopping = False
@@ -121,12 +129,15 @@ class EngineService:
         return self
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        """Cancel queued jobs, let the running ones stop, unload the model, end the thread."""
+        """Cancel queued jobs, tell the running ones to stop (between two tokens), unload the
+        model, end the thread."""
         if not self._started or self._stopping:
             return
         with self._condition:
             self._stopping = True
             self._cancel_queued()
+            for job in self._active.values():
+                job.cancel()
             self._condition.notify_all()
         self._thread.join(timeout)
 
@@ -139,6 +150,11 @@ class EngineService:
     def add_listener(self, listener: Listener) -> None:
         """`listener` hears of crashes and restarts, on the service's own threads."""
         self._listeners.append(listener)
+
+    def add_result_listener(self, listener: ResultListener) -> None:
+        """`listener` hears each job's result (a GenerationResult, a loaded config...) on the
+        job's thread, just before whoever waits for the job does (the API's /metrics)."""
+        self._result_listeners.append(listener)
 
     @property
     def loaded_config(self) -> AnyConfig | None:
@@ -168,9 +184,21 @@ class EngineService:
         )
 
     @property
+    def running_jobs(self) -> int:
+        """Jobs running on the engine now (generations, one per busy slot)."""
+        return self._running
+
+    @property
     def busy(self) -> bool:
         """True while a job is running on the engine."""
         return self._running > 0
+
+    @property
+    def idle(self) -> bool:
+        """No job running and none queued, read in one step (a job moving from the queue to
+        the engine is never missed)."""
+        with self._condition:
+            return self._running == 0 and not self._pending
 
     @property
     def waiting_jobs(self) -> int:
@@ -191,7 +219,9 @@ class EngineService:
         """Queue `job`; raises QueueFullError at once when the queue is full."""
         with self._condition:
             if self._stopping or not self._started:
-                raise EngineError("The engine is not running.")
+                raise EngineStoppedError(
+                    "The engine is not running.", hint="Hearthside is closing or unloaded it."
+                )
             if len(self._pending) >= self._max_queue:
                 raise QueueFullError(
                     "Hearthside is busy with other requests.", hint="Try again in a few seconds."
@@ -286,6 +316,7 @@ class EngineService:
                     continue
                 if self._pending and self._may_start(self._pending[0]):
                     job = self._pending.popleft()
+                    self._active[id(job)] = job
                     self._running += 1
                     self._exclusive = not job.shared
                     return job
@@ -300,7 +331,9 @@ class EngineService:
 
     def _run(self, job: Job[Any]) -> None:
         try:
-            job.future.set_result(job.run(self._engine, job.cancel_event))
+            result = job.run(self._engine, job.cancel_event)
+            self._tell_result(result)
+            job.future.set_result(result)
         except BaseException as exc:  # the service must survive whatever one job raises
             if not isinstance(exc, EngineError):
                 log.exception("engine job %s failed", job.description)
@@ -311,6 +344,7 @@ class EngineService:
 
     def _finished(self, job: Job[Any], *, cancelled: bool = False, crashed: bool = False) -> None:
         with self._condition:
+            self._active.pop(id(job), None)
             if cancelled:
                 if not job.future.done():
                     job.future.set_exception(JobCancelledError("The request was cancelled."))
@@ -362,6 +396,13 @@ class EngineService:
                 listener(notice)
             except Exception:
                 log.exception("engine notice listener failed")
+
+    def _tell_result(self, result: Any) -> None:
+        for listener in list(self._result_listeners):
+            try:
+                listener(result)
+            except Exception:
+                log.exception("engine result listener failed")
 
     def _cancel_queued(self) -> None:
         while self._pending:

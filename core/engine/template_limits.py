@@ -26,8 +26,8 @@ from jinja2.sandbox import SandboxedEscapeFormatter, SandboxedFormatter
 from jinja2.utils import Namespace, generate_lorem_ipsum
 
 from hearthside.core.errors import TemplateError
+from hearthside.core.units import MIB
 
-MIB = 1024 * 1024
 # How much more than the output cap one render may build in all (intermediate strings and
 # lists included): real templates copy each message a few times, never this often.
 WORK_BUDGET_FACTOR = 16
@@ -244,7 +244,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-_PRINTF_FIELD = re.compile(r"%(?:\(([^)]*)\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?(.)", re.S)
+# A mapping key stops at the next "(", ")" or "%": a key scan never runs past the next field, so
+# finding the fields is linear even in a template of unclosed "%(" (issue 36). Python would take
+# "%(a(b)c)s" (nested) or "%(a%b)s" as one key; here they read as conversion "(", refused.
+_PRINTF_FIELD = re.compile(r"%(?:\(([^()%]*+)\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?(.)", re.S)
+_UNREADABLE_CONVERSION = "("
+_DIGITS = re.compile(r"\d+")
 
 
 def printf_size(template: str, values: Any, limit: int) -> int:
@@ -256,6 +261,8 @@ def printf_size(template: str, values: Any, limit: int) -> int:
         key, width, precision, conversion = field.groups()
         if conversion == "%":
             continue
+        if conversion == _UNREADABLE_CONVERSION:
+            return limit + 1  # a key we cannot read: Python raises or formats an unknown value
         total += _printf_number(width, positional) + _printf_number(precision, positional)
         value = (
             mapping.get(key) if mapping is not None and key is not None else next(positional, "")
@@ -282,7 +289,7 @@ class _BoundedFormatting:
     built: int = 0
 
     def format_field(self, value: Any, format_spec: str) -> Any:
-        widths = sum(as_int(number) for number in re.findall(r"\d+", format_spec))
+        widths = sum(as_int(number) for number in _DIGITS.findall(format_spec))
         self.built += widths + text_size(value, self.guard.max_chars) + _SIZE_OF_SCALAR
         self.guard.refuse_over(self.built)
         return super().format_field(value, format_spec)  # type: ignore[misc]

@@ -7,6 +7,11 @@ the app keeps, so a crash report can show the last ones.
 
 Requests run on threads of their own: a generation on an engine with several slots runs beside
 the others (the engine's scheduler batches them); anything else holds the engine alone.
+
+The worker lives only as long as the app wants it: it says "alive" every HEARTBEAT_S (the app
+kills a worker that goes quiet, core/engine/worker_engine.py), ignores the terminal's Ctrl-C
+(the app decides when it ends), and exits at once when its stdin closes without a "close":
+the app has gone, so whatever it is doing (a load that takes minutes) is for nobody.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -45,6 +51,8 @@ MAX_REQUEST_THREADS = 80  # every slot (at most 64) plus calls waiting their tur
 # wakes once for a few fast tokens instead of once per token (on two cores each wake-up costs
 # decode speed). A piece waits at most until the next one, and nobody reads 20 ms.
 COALESCE_S = 0.02
+HEARTBEAT_S = 1.0  # the app allows WorkerDeadlines.silence_s (30 s) of silence
+EXIT_APP_GONE = 3  # the exit status of a worker whose app went away without saying "close"
 
 
 class _EngineLock:
@@ -90,11 +98,14 @@ class Worker:
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._paused: list[Any] = []  # a speculation_paused() context left open by the app
 
-    def serve(self) -> None:
+    def serve(self) -> bool:
+        """Answer requests until "close" (True) or until the app's end of the pipe closes
+        (False: the app has gone; the caller exits without waiting for the engine)."""
         while (message := self._pipe.receive()) is not None:
             kind, request_id = message[0], message[1]
             if kind == "close":
-                break
+                self._close()
+                return True
             if kind == "cancel":
                 self._cancel(request_id)
                 continue
@@ -102,6 +113,9 @@ class Worker:
             with self._cancels_lock:
                 self._cancels[request_id] = event
             self._pool.submit(self._answer, message, event)
+        return False
+
+    def _close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for event in list(self._cancels.values()):
             event.set()
@@ -277,12 +291,30 @@ def _log_to_stderr() -> None:
     logging.getLogger("hearthside.llama_cpp").setLevel(logging.DEBUG)
 
 
+def _say_alive(pipe: FramedPipe) -> None:
+    """A frame every HEARTBEAT_S, from its own thread: llama.cpp releases the GIL while it
+    computes, so only a frozen or stopped process misses them."""
+    while True:
+        time.sleep(HEARTBEAT_S)
+        try:
+            pipe.send(("alive", 0))
+        except (OSError, ValueError):
+            return
+
+
 def main() -> int:
+    # Ctrl-C in a terminal reaches the whole process group: the app, not this worker, decides
+    # when it ends (a worker that died of it would be restarted by the app as it shuts down).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     frames_out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # native code that prints must not write into the frames
     _log_to_stderr()
     pipe = FramedPipe(sys.stdin.buffer, frames_out)
-    Worker(pipe).serve()
+    threading.Thread(target=_say_alive, args=(pipe,), name="alive", daemon=True).start()
+    if not Worker(pipe).serve():
+        # PR_SET_PDEATHSIG would not do here: it fires when the *thread* that started the
+        # worker ends, and the app starts workers on short-lived job threads.
+        os._exit(EXIT_APP_GONE)  # not waiting for a load or a reply nobody will read
     pipe.close()
     return 0
 

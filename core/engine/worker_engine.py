@@ -4,7 +4,8 @@ It offers what callers use of an Engine — chat and generate with streamed text
 event, tokenizing, the bench timings, speculative settings, the loaded config and load
 report — and sends each call to the worker (core/engine/worker.py). When the worker dies,
 every call in flight, and every later one, raises `EngineCrashedError` naming the signal and
-carrying llama.cpp's last log lines; the app itself carries on.
+carrying llama.cpp's last log lines of the work in flight (never those of earlier requests);
+the app itself carries on.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
@@ -37,6 +40,7 @@ from hearthside.core.errors import (
     EngineKilledAtLoadError,
     EngineLoadError,
 )
+from hearthside.core.models.child_check import prefer_for_oom_kill
 from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,7 @@ T = TypeVar("T")
 CANCEL_POLL_S = 0.02  # how often a waiting call looks at a plain (not a CancelEvent) cancel event
 _CANCELLED = ("cancelled",)  # put among a call's answers when its CancelEvent is set
 CLOSE_TIMEOUT_S = 10.0
+WATCHDOG_POLL_S = 0.5  # how often a waiting call checks that the worker still answers
 NATIVE_LINES_KEPT = 40
 NATIVE_LINES_SHOWN = 8
 CRASH_WORDS = ("assert", "error", "failed", "aborted", "fatal")
@@ -72,6 +77,61 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit status {returncode}"
 
 
+@dataclass(frozen=True)
+class WorkerDeadlines:
+    """How long the app waits for a worker before it kills it as frozen (seconds).
+
+    The worker says "alive" every second from a thread of its own (llama.cpp releases the GIL
+    while it computes), so `silence_s` without any frame means the process is stopped or
+    stuck, whatever it was doing; `startup_s` covers the imports before it first speaks. A
+    load must finish within `load_s` (a large model from a slow disk takes minutes); a
+    generation must send its next piece within `next_frame_s` (a long prompt's prefill on a
+    slow CPU is the longest wait with nothing to show).
+    """
+
+    silence_s: float = 30.0
+    startup_s: float = 120.0
+    load_s: float = 900.0
+    next_frame_s: float = 600.0
+
+
+class EngineUnresponsiveError(EngineCrashedError):
+    """The worker stopped answering within its deadline; the app killed it (the service
+    restarts it like a crashed one)."""
+
+
+def _unresponsive(what: str) -> EngineUnresponsiveError:
+    return EngineUnresponsiveError(
+        f"The engine stopped responding ({what}), so Hearthside stopped it and is starting "
+        "it again. Send the request again in a few seconds.",
+        hint="If it keeps happening, the model may be too large for this computer: try a "
+        "smaller context or a smaller model.",
+        cause=what,
+    )
+
+
+# Every worker process this app started and has not seen end, so that a shutdown can end them
+# all, including one still loading (its WorkerEngine does not exist yet).
+_live_workers: set[subprocess.Popen[bytes]] = set()
+_live_workers_lock = threading.Lock()
+_exiting = threading.Event()  # set by kill_every_worker(for_good=True): no new workers
+
+
+def kill_every_worker(*, for_good: bool = False) -> int:
+    """SIGKILL every engine worker this process started that is still running (a shutdown
+    that must not wait for them); returns how many were killed. `for_good`: the process is
+    exiting, so no worker starts after this (a load killed here is not retried)."""
+    with _live_workers_lock:
+        if for_good:
+            _exiting.set()
+        running = [process for process in _live_workers if process.poll() is None]
+        _live_workers.clear()
+    for process in running:
+        with contextlib.suppress(OSError):
+            process.kill()
+    return len(running)
+
+
 class _Call:
     """One request waiting for its answer. Streamed text goes to `on_text` straight from the
     reading thread: one thread woken per token, not two, leaves the cores to llama.cpp."""
@@ -83,9 +143,18 @@ class _Call:
         self.on_logprobs = on_logprobs
         self.answers: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.text_error: BaseException | None = None  # what on_text raised; the call fails
+        # The most seconds without progress (an answer, or a piece of a streamed one) before
+        # the worker counts as stuck; None: only the worker's silence counts.
+        self.deadline_s: float | None = None
+        self.doing = "a request"  # what the worker was doing, for the error
+        self.progress_at = time.monotonic()
+
+    def overdue(self, now: float) -> bool:
+        return self.deadline_s is not None and now - self.progress_at > self.deadline_s
 
     def text(self, piece: str) -> bool:
         """Hand `piece` on; False when on_text raised (the request should stop)."""
+        self.progress_at = time.monotonic()
         if self.on_text is None or self.text_error is not None:
             return self.text_error is None
         try:
@@ -97,6 +166,7 @@ class _Call:
 
     def logprobs(self, entries: tuple[TokenLogprob, ...]) -> bool:
         """Hand `entries` on, like `text`."""
+        self.progress_at = time.monotonic()
         if self.on_logprobs is None or self.text_error is not None:
             return self.text_error is None
         try:
@@ -110,17 +180,33 @@ class _Call:
 class WorkerEngine:
     """A model loaded with `config` in a worker process; raises what an Engine would."""
 
-    def __init__(self, config: EngineConfig, *, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        verbose: bool = False,
+        deadlines: WorkerDeadlines = WorkerDeadlines(),
+    ) -> None:
+        self._deadlines = deadlines
+        self._heard_at: float | None = None  # when the worker last sent a frame
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
         self._calls_lock = threading.Lock()
-        self._native_lines: collections.deque[str] = collections.deque(maxlen=NATIVE_LINES_KEPT)
+        # llama.cpp's stderr lines, numbered; a crash quotes only those since `_job_first_line`,
+        # the first line of the calls now in flight, never what earlier requests left (their
+        # lines could quote another client's prompt, and they mislead).
+        self._native_lines: collections.deque[tuple[int, str]] = collections.deque(
+            maxlen=NATIVE_LINES_KEPT
+        )
+        self._native_lines_read = 0
+        self._job_first_line = 0
         self._crash: EngineCrashedError | None = None
         self._closing = False
         self._live: SpeculationStats | None = None
         self.model_path = Path(config.model_path)
         self.model_info: GGUFInfo = validate_gguf(self.model_path)  # a bad file spawns nothing
         self._process = _start_worker()
+        self._started_at = time.monotonic()
         assert self._process.stdin is not None and self._process.stdout is not None
         self._pipe = FramedPipe(
             cast(BinaryIO, self._process.stdout), cast(BinaryIO, self._process.stdin)
@@ -128,7 +214,13 @@ class WorkerEngine:
         self._log_reader = _daemon(self._read_native_log, "worker-log")
         _daemon(self._read_answers, "worker-answers")  # last: it may end at once
         try:
-            snapshot: Snapshot = self._request(("load", config.to_dict(), verbose))
+            snapshot: Snapshot = self._request(
+                ("load", config.to_dict(), verbose),
+                deadline=(deadlines.load_s, f"loading {self.model_path.name}"),
+            )
+        except EngineUnresponsiveError:
+            self.close()
+            raise
         except EngineCrashedError as crash:
             self.close()
             raise _load_crash(config, crash) from None
@@ -264,6 +356,8 @@ class WorkerEngine:
                 log.warning("engine worker %s did not exit; killing it", self.pid)
                 self._process.kill()
                 self._process.wait()
+        with _live_workers_lock:
+            _live_workers.discard(self._process)
         self._pipe.close()
         self._fail_all(self._crash or EngineError("The model was unloaded."))
 
@@ -287,7 +381,10 @@ class WorkerEngine:
     ) -> GenerationResult:
         self._live = None
         return self._request(
-            ("stream", method, args, kwargs), call=_Call(*callbacks), cancel=cancel
+            ("stream", method, args, kwargs),
+            call=_Call(*callbacks),
+            cancel=cancel,
+            deadline=(self._deadlines.next_frame_s, "no new text while generating"),
         )
 
     def _request(
@@ -296,14 +393,20 @@ class WorkerEngine:
         *,
         call: _Call | None = None,
         cancel: threading.Event | None = None,
+        deadline: tuple[float, str] | None = None,
     ) -> Any:
+        """Send `message` and wait for its answer; `deadline`: the most seconds without
+        progress, and what the worker was doing (for the error if it passes)."""
         if self._crash is not None:
             raise self._crash
         if self._closing:
             raise EngineError("The model was unloaded.", hint="Load a model first.")
         request_id = next(self._ids)
         call = call or _Call(None)
+        if deadline is not None:
+            call.deadline_s, call.doing = deadline
         with self._calls_lock:
+            self._start_job_if_idle()
             self._calls[request_id] = call
         try:
             self._send((message[0], request_id, *message[1:]))
@@ -311,6 +414,12 @@ class WorkerEngine:
         finally:
             with self._calls_lock:
                 self._calls.pop(request_id, None)
+                self._start_job_if_idle()
+
+    def _start_job_if_idle(self) -> None:
+        """With no call in flight, the log lines so far belong to finished work."""
+        if not self._calls:
+            self._job_first_line = self._native_lines_read
 
     def _send(self, message: tuple[Any, ...]) -> None:
         try:
@@ -330,7 +439,7 @@ class WorkerEngine:
         forget = None
         if isinstance(cancel, CancelEvent):
             forget = cancel.when_set(lambda: call.answers.put(_CANCELLED))
-        poll_s = CANCEL_POLL_S if cancel is not None and forget is None else None
+        poll_s = CANCEL_POLL_S if cancel is not None and forget is None else WATCHDOG_POLL_S
         cancel_sent = False
         try:
             while True:
@@ -338,6 +447,7 @@ class WorkerEngine:
                 try:
                     answer = call.answers.get(timeout=poll_s)
                 except queue.Empty:
+                    self._kill_if_stuck(call)
                     answer = _CANCELLED if cancel is not None and cancel.is_set() else None
                 if answer is None or answer is _CANCELLED:
                     if answer is _CANCELLED and not cancel_sent:
@@ -353,11 +463,40 @@ class WorkerEngine:
             if forget is not None:
                 forget()
 
+    def _kill_if_stuck(self, call: _Call) -> None:
+        """Past `call`'s deadline, or with the worker silent too long: kill it. The pipe
+        closes, and every call in flight fails with the EngineUnresponsiveError set here."""
+        if self._crash is not None or self._closing:
+            return
+        now = time.monotonic()
+        if call.overdue(now):
+            what = f"{call.doing}, nothing for {call.deadline_s:.3g} s"
+        else:
+            silence = self._silence(now)
+            if silence is None:
+                return
+            what = silence
+        self._crash = _unresponsive(what)
+        log.error("engine worker %s killed: %s", self.pid, what)
+        with contextlib.suppress(OSError):
+            self._process.kill()
+
+    def _silence(self, now: float) -> str | None:
+        """Why the worker counts as frozen (no frame for too long), or None."""
+        if self._heard_at is None:
+            waited = now - self._started_at
+            if waited > self._deadlines.startup_s:
+                return f"it did not start within {waited:.0f} s"
+            return None
+        quiet = now - self._heard_at
+        return f"no answer for {quiet:.0f} s" if quiet > self._deadlines.silence_s else None
+
     # ---- the reading threads ---------------------------------------------------------
 
     def _read_answers(self) -> None:
         try:
             while (message := self._pipe.receive()) is not None:
+                self._heard_at = time.monotonic()
                 kind, request_id = message[0], message[1]
                 with self._calls_lock:
                     call = self._calls.get(request_id)
@@ -384,7 +523,8 @@ class WorkerEngine:
         for raw in self._process.stderr:
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
-                self._native_lines.append(line)
+                self._native_lines.append((self._native_lines_read, line))
+                self._native_lines_read += 1
                 native_log.debug("%s", line)
 
     def _reader_done(self) -> None:
@@ -408,7 +548,8 @@ class WorkerEngine:
 
     def _crash_error(self, returncode: int | None) -> EngineCrashedError:
         cause = describe_exit(returncode)
-        lines = tuple(self._native_lines)
+        first = self._job_first_line
+        lines = tuple(line for number, line in self._native_lines if number >= first)
         last = _last_native_words(lines)
         return EngineCrashedError(
             f"The engine crashed ({cause})"
@@ -429,14 +570,23 @@ class WorkerEngine:
 
 def _start_worker() -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "hearthside.core.engine.worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        close_fds=True,
-    )
+    with _live_workers_lock:
+        if _exiting.is_set():
+            raise EngineError("Hearthside is shutting down; the engine does not start now.")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hearthside.core.engine.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        ended = {worker for worker in _live_workers if worker.poll() is not None}
+        _live_workers.difference_update(ended)
+        _live_workers.add(process)
+    # Its death is reported and it is restarted; the app's own would go unexplained.
+    prefer_for_oom_kill(process.pid)
+    return process
 
 
 def _daemon(target: Callable[[], None], name: str) -> threading.Thread:

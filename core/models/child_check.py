@@ -120,6 +120,7 @@ def _run_contained(argv: list[str], log_file: IO[bytes], deadline_s: float) -> i
             "Hearthside could not start a helper process to check this model file.",
             hint=f"The system said: {exc.strerror or exc}.",
         ) from exc
+    prefer_for_oom_kill(child.pid)
     try:
         returncode = child.wait(timeout=deadline_s)
     except subprocess.TimeoutExpired:
@@ -135,6 +136,19 @@ def _run_contained(argv: list[str], log_file: IO[bytes], deadline_s: float) -> i
         raise
     _kill_group(child)  # anything the child started and left behind
     return returncode
+
+
+# Under a memory limit the kernel kills the largest process, which while a child starts is the
+# app itself: it died without a word (issue 36, a chat under a 100 MB cgroup). Children that
+# load models ask to go first; their death is reported, the app's would not be.
+CHILD_OOM_SCORE_ADJ = 1000
+
+
+def prefer_for_oom_kill(pid: int) -> None:
+    """Make the kernel's OOM killer pick process `pid` (a child loading a model) before the
+    app. Linux only; raising a score needs no privilege, and where it fails nothing changes."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/oom_score_adj").write_text(f"{CHILD_OOM_SCORE_ADJ}\n")
 
 
 def _kill_group(child: subprocess.Popen[bytes]) -> None:
@@ -160,6 +174,14 @@ def _failure_error(returncode: int, log_tail: str) -> ModelFileError | EngineErr
         return EngineError(
             "Hearthside could not check this model file: llama-cpp-python failed to load.",
             hint="Reinstall Hearthside, or run `hearthside probe` to see what the engine reports.",
+        )
+    if os.name == "posix" and returncode == -signal.SIGKILL:
+        # Only the kernel's OOM killer (or a user) sends it: the file was never judged.
+        return EngineError(
+            "The check of this model file was killed before it finished, most likely because "
+            "the computer (or Hearthside's memory limit) ran out of memory.",
+            hint="Close other programs or allow Hearthside more memory, then try again. The "
+            "file was not found to be damaged.",
         )
     reason = reason_from_log(log_tail)
     if returncode < 0 or _is_abort(returncode, log_tail):
@@ -192,11 +214,14 @@ def describe_exit(returncode: int) -> str:
     return f"the check exited with code {returncode}"
 
 
-_ASSERT = re.compile(r"(GGML_ASSERT\(.*\) failed)")
+# The log holds text from the model file (llama.cpp logs `general.name` whole), so each pattern
+# is anchored or starts with a literal, and its repetitions are bounded: linear on any line.
+_ASSERT_START = "GGML_ASSERT("
+_ASSERT_END = ") failed"
 # ggml_abort writes "<source file>:<line>: <message>"; the path says nothing to a user.
-_ABORT = re.compile(r"^\S+\.(?:c|cpp|h):\d+: (.+)$")
-_LOAD_ERROR = re.compile(r"error loading model(?: architecture)?: (?:[a-z_]+: )?(.+)$")
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+_ABORT = re.compile(r"\S{1,512}\.(?:c|cpp|h):[0-9]{1,9}: (.+)$")
+_LOAD_ERROR = re.compile(r"error loading model(?: architecture)?: (?:[a-z_]{1,64}: )?(.+)$")
+_EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]{0,127}(?:Error|Exception)): (.+)$")
 
 
 def reason_from_log(log_tail: str) -> str | None:
@@ -210,10 +235,13 @@ def reason_from_log(log_tail: str) -> str | None:
 
 
 def _find_assert(lines: list[str]) -> str | None:
+    """The text `GGML_ASSERT(<condition>) failed`, found with str.find: a condition holds
+    parentheses, and a regex seeking the last ") failed" after each "GGML_ASSERT(" is quadratic."""
     for line in reversed(lines):
-        match = _ASSERT.search(line)
-        if match:
-            return match.group(1)
+        start = line.find(_ASSERT_START)
+        end = line.rfind(_ASSERT_END)
+        if 0 <= start < end:
+            return line[start : end + len(_ASSERT_END)]
     return None
 
 
@@ -249,6 +277,8 @@ def _find_exception(lines: list[str]) -> str | None:
 
 
 def _shown(text: str) -> str:
+    # Cut before the per-character pass: a log line can be megabytes of model-file text.
+    text = text[: _MAX_REASON_CHARS * 4]
     printable = " ".join("".join(ch if ch.isprintable() else "?" for ch in text).split())
     printable = printable.rstrip(".")
     if len(printable) <= _MAX_REASON_CHARS:

@@ -55,9 +55,9 @@ from hearthside.core.models.store import (
     ModelStore,
     ProgressCallback,
     commit_part_file,
-    human_size,
     split_file_name,
 )
+from hearthside.core.units import format_bytes
 
 __all__ = ["DownloadCancelled", "download_model", "partial_download_bytes"]
 
@@ -236,9 +236,9 @@ def _check_free_space(store: ModelStore, plans: list[_PartPlan]) -> None:
     free = shutil.disk_usage(store.downloads_dir).free
     if free < needed + FREE_SPACE_MARGIN_BYTES:
         raise ModelStoreError(
-            f"Not enough free disk space to download this model: it needs {human_size(needed)} "
-            f"more and {human_size(free)} is free in {store.models_dir}.",
-            hint=f"Free at least {human_size(needed + FREE_SPACE_MARGIN_BYTES - free)} there, "
+            f"Not enough free disk space to download this model: it needs {format_bytes(needed)} "
+            f"more and {format_bytes(free)} is free in {store.models_dir}.",
+            hint=f"Free at least {format_bytes(needed + FREE_SPACE_MARGIN_BYTES - free)} there, "
             "or point HEARTHSIDE_HOME at a bigger disk.",
         )
 
@@ -352,7 +352,7 @@ def _receive(
             raise _cancelled(plan, written)
         raise HubError(
             f"The download of {plan.part.filename} stopped early "
-            f"({human_size(written)} of {human_size(total)}).",
+            f"({format_bytes(written)} of {format_bytes(total)}).",
             hint="Check your internet connection. " + _RESUME_HINT,
         )
 
@@ -422,7 +422,7 @@ def _aborting_on(cancel: threading.Event | None, response: HubResponse) -> Itera
 
 def _cancelled(plan: _PartPlan, written: int) -> DownloadCancelled:
     return DownloadCancelled(
-        f"Download cancelled; {human_size(written)} of {plan.part.filename} is kept.",
+        f"Download cancelled; {format_bytes(written)} of {plan.part.filename} is kept.",
         hint=_RESUME_HINT,
     )
 
@@ -437,21 +437,21 @@ def _write_failure(
             hint=f"The system said: {exc.strerror or exc}.",
         )
     kept = (
-        f"The {human_size(written)} downloaded so far is kept in {plan.partial}. "
+        f"The {format_bytes(written)} downloaded so far is kept in {plan.partial}. "
         if written > 0
         else ""
     )
-    missing = human_size(total - written) if total is not None else "more"
+    missing = format_bytes(total - written) if total is not None else "more"
     if exc.errno == errno.EFBIG:
         return ModelStoreError(
-            f"The system would not let {plan.part.filename} grow past {human_size(written)} "
+            f"The system would not let {plan.part.filename} grow past {format_bytes(written)} "
             f"in {folder} (a file-size limit or quota); it needs {missing} more.",
             hint=kept + "Raise the limit (ulimit -f) or point HEARTHSIDE_HOME at another "
             "disk, then run the same command again to resume.",
         )
     return ModelStoreError(
         f"The disk ran out of space while downloading {plan.part.filename} to {folder}: "
-        f"it needs {missing} more and {human_size(_free_bytes(folder))} is free there.",
+        f"it needs {missing} more and {format_bytes(_free_bytes(folder))} is free there.",
         hint=kept + "Free some space and run the same command again to resume, or delete "
         "that file to give up.",
     )

@@ -39,9 +39,11 @@ __all__ = [
     "GGUFArraySummary",
     "GGUFInfo",
     "GGUFTensor",
+    "MAX_TRAILING_BYTES",
     "GGUFValidationError",
     "MetadataValue",
     "check_hyperparameters",
+    "tensor_data_end",
     "validate_gguf",
 ]
 
@@ -77,6 +79,13 @@ _MIN_KV_BYTES: Final = 8 + 1 + 4 + 1
 _MIN_TENSOR_INFO_BYTES: Final = 8 + 1 + 4 + 8 + 4 + 8
 
 _CHUNK_BYTES: Final = 1 << 20
+
+# Writers pad the data section only up to `general.alignment` (at most 64 KiB), so a real file
+# ends within one alignment step of its last tensor. Past that, bytes that belong to no tensor
+# say the file is damaged or padded (a sparse 64 GiB file with a small model's header once got
+# hashed for minutes and registered as a 68.7 GB model). 1 MiB leaves room for any writer's
+# padding while refusing everything that could cost real time or disk.
+MAX_TRAILING_BYTES: Final = 1 << 20
 
 _REDOWNLOAD_HINT: Final = "Download the file again; it is damaged or not a GGUF model."
 
@@ -493,6 +502,7 @@ def _parse(reader: _BoundedReader, path: Path) -> GGUFInfo:
     entries = _read_tensor_table(reader, budget, tensor_count)
     data_offset = _align_up(reader.position, alignment)
     tensors = _place_tensors(entries, data_offset, alignment, reader.size)
+    _check_no_trailing_bytes(tensors, data_offset, alignment, reader.size)
     check_hyperparameters(metadata, tensors)
     return GGUFInfo(
         path=path,
@@ -756,6 +766,27 @@ def _place_tensor(
             f"but the file is {file_size:,} bytes long"
         )
     return GGUFTensor(entry.name, entry.shape, entry.ggml_type, type_name, offset, n_bytes)
+
+
+def tensor_data_end(tensors: tuple[GGUFTensor, ...], data_offset: int, alignment: int) -> int:
+    """Where the file's tensor data end, padded to the alignment as writers pad it."""
+    last_byte = max((tensor.offset + tensor.n_bytes for tensor in tensors), default=data_offset)
+    return _align_up(last_byte, alignment)
+
+
+def _check_no_trailing_bytes(
+    tensors: tuple[GGUFTensor, ...], data_offset: int, alignment: int, file_size: int
+) -> None:
+    data_end = tensor_data_end(tensors, data_offset, alignment)
+    trailing_bytes = file_size - data_end
+    if trailing_bytes <= MAX_TRAILING_BYTES:
+        return
+    raise GGUFValidationError(
+        f"This model file is {file_size:,} bytes long, but its model data end at byte "
+        f"{data_end:,}: the other {trailing_bytes:,} bytes belong to no part of the model. "
+        "The file is damaged, or something was appended to it.",
+        hint="Download the model again, or choose the original .gguf file.",
+    )
 
 
 def _checked_size(entry: _TensorEntry) -> tuple[str, int]:

@@ -40,7 +40,7 @@ USER_AGENT = "hearthside (+https://github.com/hearthside)"
 
 # Where huggingface.co sends LFS downloads (its resolve URLs answer 302 with one of these).
 _HUB_CDN_HOST_PATTERNS = (
-    re.compile(r"cdn-lfs(?:-[a-z0-9]+)*\.(?:hf\.co|huggingface\.co)"),
+    re.compile(r"cdn-lfs(?:-[a-z0-9]{1,63}){0,8}\.(?:hf\.co|huggingface\.co)"),  # DNS labels
     re.compile(r"cas-bridge\.xethub\.hf\.co"),
 )
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})

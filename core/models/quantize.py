@@ -61,7 +61,11 @@ _ESTIMATE_SLACK_BYTES = 1024 * 1024
 _HIGH_PRECISION_TENSORS = frozenset({"token_embd.weight", "output.weight"})
 _HIGH_PRECISION_BITS = 8.5
 _FREE_SPACE_HINT = "Free some space, or choose a type with fewer bits per weight."
-_TENSOR_LINE = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+# "[  12/ 236] blk.1.attn_q.weight ...": anchored and bounded, as the line also carries tensor
+# names from the file (issue 36).
+_TENSOR_LINE = re.compile(
+    r"[ \t]{0,16}\[[ \t]{0,16}([0-9]{1,9})[ \t]{0,16}/[ \t]{0,16}([0-9]{1,9})[ \t]{0,16}\]"
+)
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +353,7 @@ def _follow_log(
     assert child.stdout is not None
     for line in child.stdout:
         tail.append(line.rstrip())
-        match = _TENSOR_LINE.search(line)
+        match = _TENSOR_LINE.match(line)
         if match and progress is not None:
             progress(int(match.group(1)), int(match.group(2)))
 

@@ -40,10 +40,12 @@ from typing import Any
 import sqlite_utils
 
 from hearthside.core.database import DatabaseKind, classified_errors, open_database, transaction
+from hearthside.core.display_text import shortened
 from hearthside.core.errors import ModelFileError, ModelStoreError
 from hearthside.core.models.child_check import check_loads_in_child
 from hearthside.core.models.gguf_validator import GGUFInfo, validate_gguf
 from hearthside.core.paths import data_dir, ensure_private_dir, is_within, models_dir
+from hearthside.core.units import format_bytes
 
 SCHEMA_VERSION = 3
 DB_FILE_NAME = "models.db"
@@ -57,6 +59,8 @@ FREE_SPACE_MARGIN_BYTES = 64 * 1024 * 1024
 # Another process (the GUI while the CLI runs, say) may be writing a .part right now; a file it
 # is writing has a fresh mtime, so only parts untouched for this long count as leftovers.
 STALE_PART_AGE_S = 15 * 60
+# A file registered in place is checked and hashed again when it changed meanwhile, this often.
+IN_PLACE_CHECK_ATTEMPTS = 3
 
 SOURCE_DEFAULT = "default"
 SOURCE_FILE = "file"
@@ -72,6 +76,8 @@ _LIST_HINT = "Run `hearthside models list` to see what is installed."
 _DEFAULT_INSTALLED_KEY = "default_model_installed_at"
 
 ProgressCallback = Callable[[int, int], None]
+_FileIdentity = tuple[str, int, int]  # resolved path, size, mtime in ns
+_FileVersion = tuple[int, int, int, int, int]  # device, inode, size, mtime and ctime in ns
 
 
 @dataclass(frozen=True)
@@ -197,11 +203,15 @@ def _open_private_for_writing(path: Path) -> Any:
 
 def _copy_hashing(
     source: Path, destination: Path, expected_bytes: int, progress: ProgressCallback | None
-) -> str:
-    """Copy `source` to `destination` and return its sha256, computed from the bytes copied."""
+) -> tuple[str, _FileIdentity]:
+    """Copy `source` to `destination`; the sha256 of the bytes copied, and which file (path,
+    size, mtime) they were read from."""
     digest = hashlib.sha256()
     done_bytes = 0
+    if progress is not None:
+        progress(0, expected_bytes)
     with source.open("rb") as reader, _open_private_for_writing(destination) as writer:
+        copied = _identity_of(source, os.fstat(reader.fileno()))
         while block := reader.read(COPY_BLOCK_BYTES):
             writer.write(block)
             digest.update(block)
@@ -211,7 +221,7 @@ def _copy_hashing(
         writer.flush()
         os.fsync(writer.fileno())
     _require_unchanged_size(done_bytes, expected_bytes)
-    return digest.hexdigest()
+    return digest.hexdigest(), copied
 
 
 def hash_file(path: Path, progress: ProgressCallback | None = None) -> str:
@@ -252,15 +262,6 @@ def _remove_stale_parts(directory: Path, now_s: float) -> None:
                 part.unlink()
         except FileNotFoundError:
             continue  # its writer finished or cleaned it meanwhile
-
-
-def human_size(size_bytes: int) -> str:
-    """Decimal units, as disks and download pages count them: 253 MB, 4.1 GB."""
-    if size_bytes >= 10**9:
-        return f"{size_bytes / 10**9:.1f} GB"
-    if size_bytes >= 10**6:
-        return f"{size_bytes / 10**6:.0f} MB"
-    return f"{size_bytes / 10**3:.0f} kB"
 
 
 _OS_ERROR_HINTS: dict[int, tuple[str, str]] = {
@@ -443,19 +444,18 @@ class ModelStore:
     ) -> ModelRecord:
         """Validate a GGUF file and register it, copying it into the models dir unless `link`.
 
-        A file already inside the models dir is registered where it is.
+        A file already inside the models dir is registered where it is. The bytes registered
+        are the bytes checked: a copy is validated and loaded in a child after copying; a file
+        registered in place is checked again when it changed while it was checked and hashed.
         """
         if source not in _SOURCES:
             raise ValueError(f"unknown model source {source!r}")
         source_path = _require_model_file(Path(path))
         self._refuse_registered_path(source_path)
-        info = validate_gguf(source_path)
-        if check_native:
-            self.check_loads(source_path)
         details = _Details(name=name, source=source, licence=licence)
         if link or is_within(source_path, self.models_dir):
-            return self._register_in_place(source_path, info, details, progress)
-        return self._copy_and_register(source_path, info, details, progress)
+            return self._register_in_place(source_path, details, progress, check_native)
+        return self._copy_and_register(source_path, details, progress, check_native)
 
     def remove(self, model_id: str, *, delete_file: bool = True) -> ModelRecord:
         """Unregister a model; delete its file only when Hearthside made or owns it."""
@@ -616,8 +616,8 @@ class ModelStore:
         free_bytes = shutil.disk_usage(self.models_dir).free
         if free_bytes < needed_bytes + FREE_SPACE_MARGIN_BYTES:
             raise ModelStoreError(
-                f"Not enough free disk space for this model: it needs {human_size(needed_bytes)} "
-                f"and {human_size(free_bytes)} is free where Hearthside keeps models "
+                f"Not enough free disk space for this model: it needs {format_bytes(needed_bytes)} "
+                f"and {format_bytes(free_bytes)} is free where Hearthside keeps models "
                 f"({self.models_dir}).",
                 hint=hint
                 or "Free some space, or add the model with --link to use the file where it is.",
@@ -722,34 +722,56 @@ class ModelStore:
     def _register_in_place(
         self,
         path: Path,
-        info: GGUFInfo,
         details: _Details,
         progress: ProgressCallback | None,
+        check_native: bool,
     ) -> ModelRecord:
-        sha256 = hash_file(path, progress)
+        info, sha256 = self._checked_in_place(path, progress, check_native)
         self._refuse_duplicate(sha256)
-        _require_unchanged_size(path.stat().st_size, info.file_size)
         model_id = self._unused_id(slugify_model_id(path.stem), avoid_files=False)
         if is_within(path, self.models_dir):
             relative = path.resolve().relative_to(self.models_dir.resolve())
             return self._insert(model_id, relative.as_posix(), False, sha256, info, details)
         return self._insert(model_id, str(path.resolve()), True, sha256, info, details)
 
+    def _checked_in_place(
+        self, path: Path, progress: ProgressCallback | None, check_native: bool
+    ) -> tuple[GGUFInfo, str]:
+        """Validate, child-load and hash the file where it is, again when it changed meanwhile
+        (same inode, size, mtime and ctime before and after), so the digest and facts
+        registered are those of the file that was checked."""
+        for _attempt in range(IN_PLACE_CHECK_ATTEMPTS):
+            before = _file_version(path)
+            info = validate_gguf(path)  # refuses a malformed or padded file before hashing
+            if check_native:
+                self.check_loads(path)
+            sha256 = hash_file(path, progress)
+            if before is not None and _file_version(path) == before:
+                return info, sha256
+        raise ModelFileError(
+            "The model file kept changing while Hearthside was checking it.",
+            hint="Wait until whatever is writing it has finished, then add it again.",
+        )
+
     def _copy_and_register(
         self,
         source: Path,
-        info: GGUFInfo,
         details: _Details,
         progress: ProgressCallback | None,
+        check_native: bool,
     ) -> ModelRecord:
-        self.check_free_space(info.file_size)
+        # A quick look at the source refuses a malformed or padded file before the copy.
+        source_info = validate_gguf(source)
+        self.check_free_space(source_info.file_size)
         target = self.unused_model_path(source.stem)
         part = part_path_for(target)
         try:
-            sha256 = _copy_hashing(source, part, info.file_size, progress)
+            sha256, copied = _copy_hashing(source, part, source_info.file_size, progress)
             self._refuse_duplicate(sha256)
-            # What we keep must be what we checked, even if the source changed during the copy.
-            validate_gguf(part)
+            # The source may have changed since it was looked at: check what we keep.
+            info = validate_gguf(part)
+            if check_native:
+                self._check_copy_loads(part, source, copied)
             commit_part_file(part, target)
         except OSError as exc:
             part.unlink(missing_ok=True)
@@ -763,6 +785,18 @@ class ModelStore:
             target.unlink(missing_ok=True)
             raise
 
+    def _check_copy_loads(self, part: Path, source: Path, copied: _FileIdentity) -> None:
+        """Load the copy in a child; the verdict is remembered for the source file only when
+        it is still the very file the copy was made from."""
+        try:
+            check_loads_in_child(part)
+        except ModelFileError as failure:
+            if _file_identity(source) == copied:
+                self._remember_bad_file(source, failure.message)
+            raise
+        if _file_identity(source) == copied:
+            self._forget_bad_file(source)
+
     def _insert(
         self,
         model_id: str,
@@ -774,7 +808,8 @@ class ModelStore:
     ) -> ModelRecord:
         row = {
             "id": model_id,
-            "name": details.name or info.model_name or model_id,
+            # A metadata string may be 16 MiB; the registry keeps a name a person can read.
+            "name": shortened(details.name or info.model_name or model_id),
             "file": file,
             "linked": int(linked),
             "size_bytes": details.size_bytes or info.file_size,
@@ -815,12 +850,32 @@ def _utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _file_identity(path: Path) -> tuple[str, int, int] | None:
+def _file_identity(path: Path) -> _FileIdentity | None:
     try:
         status = path.stat()
     except OSError:
         return None
+    return _identity_of(path, status)
+
+
+def _identity_of(path: Path, status: os.stat_result) -> _FileIdentity:
     return str(path.resolve()), status.st_size, status.st_mtime_ns
+
+
+def _file_version(path: Path) -> _FileVersion | None:
+    """What changes whenever the file at `path` is replaced or written: device, inode, size,
+    mtime and ctime (which, unlike mtime, no one can set back); None when it is gone."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return (
+        status.st_dev,
+        status.st_ino,
+        status.st_size,
+        status.st_mtime_ns,
+        status.st_ctime_ns,
+    )
 
 
 # --- references that may be paths ------------------------------------------------------------

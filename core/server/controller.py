@@ -6,6 +6,8 @@ from __future__ import annotations
 import ipaddress
 import threading
 import time
+from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 
@@ -15,6 +17,7 @@ from hearthside.core.server.app import RequestCounter, ServerSettings, create_ap
 from hearthside.core.server.http_protocol import HttpLimits, protocol_with
 from hearthside.core.server.keys import check_bind_is_safe
 from hearthside.core.server.model_pool import ModelPool, OnDemandModels
+from hearthside.core.server.request_log import RequestListener, RequestLog, RequestLogMiddleware
 
 START_TIMEOUT_S = 10.0
 # Requests with more header bytes than this are refused (431) by the HTTP protocol.
@@ -63,12 +66,16 @@ def uvicorn_config(
     counter: RequestCounter | None = None,
     limits: HttpLimits | None = None,
     pool: ModelPool | None = None,
+    request_log: RequestLog | None = None,
 ) -> uvicorn.Config:
     check_bind_address(settings.host)
     check_bind_is_safe(settings.host, settings.api_key)
     limits = limits or HttpLimits()
+    app = create_app(settings, service, counter, pool)
+    if request_log is not None:  # outermost: refusals by the security checks are logged too
+        app.add_middleware(RequestLogMiddleware, log=request_log)
     return uvicorn.Config(
-        create_app(settings, service, counter, pool),
+        app,
         host=settings.host,
         port=settings.port,
         http=protocol_with(limits),
@@ -89,11 +96,16 @@ class ServerController:
         service: EngineService,
         limits: HttpLimits | None = None,
         on_demand: OnDemandModels | None = None,
+        on_request: RequestListener | None = None,
     ) -> None:
+        """`on_request` hears each finished request (`request_log`) on the server's thread."""
         self.settings = settings
         self._counter = RequestCounter()
+        self.request_log = RequestLog(on_request)
         self.pool = model_pool(settings, service, on_demand)
-        config = uvicorn_config(settings, service, self._counter, limits, self.pool)
+        config = uvicorn_config(
+            settings, service, self._counter, limits, self.pool, self.request_log
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="hearthside-api", daemon=True)
 
@@ -129,12 +141,34 @@ class ServerController:
         self.pool.stop()
 
 
+class _StoppingServer(uvicorn.Server):
+    """uvicorn's server; on Ctrl-C or SIGTERM it also stops the pool at once (requests waiting
+    for a load are answered, so uvicorn's shutdown does not wait for them) and tells
+    `on_signal`."""
+
+    def __init__(
+        self, config: uvicorn.Config, pool: ModelPool, on_signal: Callable[[int], None]
+    ) -> None:
+        super().__init__(config)
+        self._pool = pool
+        self._on_signal = on_signal
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        threading.Thread(target=self._pool.stop, name="stop-pool", daemon=True).start()
+        self._on_signal(sig)
+
+
 def serve_foreground(
-    settings: ServerSettings, service: EngineService, on_demand: OnDemandModels | None = None
+    settings: ServerSettings,
+    service: EngineService,
+    on_demand: OnDemandModels | None = None,
+    on_signal: Callable[[int], None] = lambda _sig: None,
 ) -> None:
-    """Run until Ctrl-C (uvicorn handles the signal and shuts down cleanly)."""
+    """Run until Ctrl-C or SIGTERM (uvicorn handles the signal and shuts down cleanly);
+    `on_signal` hears each one, in the signal handler (it must not block)."""
     pool = model_pool(settings, service, on_demand)
     try:
-        uvicorn.Server(uvicorn_config(settings, service, pool=pool)).run()
+        _StoppingServer(uvicorn_config(settings, service, pool=pool), pool, on_signal).run()
     finally:
         pool.stop()

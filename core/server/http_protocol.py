@@ -12,7 +12,10 @@ a body shorter than its Content-Length, and a 20 KB head that arrives in one rea
 - a head with both Content-Length and Transfer-Encoding is refused (400): the two disagree on
   where the body ends (request smuggling);
 - at most `max_waiting_connections` connections wait for a head at once; past that, the one
-  that has waited longest is closed (a real client sends its head at once; slow-loris does not).
+  that has waited longest is closed (a real client sends its head at once; slow-loris does not);
+- at most `max_receiving_bodies` connections are in the middle of receiving a body at once
+  (each buffers up to the 1 MiB body cap): past that a new one is answered 503 with
+  Retry-After and closed. Six hundred slow 1 MiB bodies once held 407 MB.
 
 Refusals are OpenAI-shaped JSON, like the app's own.
 """
@@ -40,6 +43,10 @@ class HttpLimits:
     body_timeout_s: float = 30.0  # the whole body, at most 1 MiB: ~35 KB/s at the slowest
     max_header_bytes: int = 16 * 1024
     max_waiting_connections: int = 64
+    # Bodies buffered at once, each at most the 1 MiB body cap: 32 MiB in all, far more than
+    # the bounded request queue can take in while they arrive.
+    max_receiving_bodies: int = 32
+    busy_retry_after_s: int = 1
     keep_alive_s: int = 5  # uvicorn's: how long an idle connection stays open between requests
 
 
@@ -48,6 +55,7 @@ class _Refusal:
     status: int
     code: str
     message: str
+    retry_after_s: int | None = None
 
 
 def _head_too_large(limits: HttpLimits) -> _Refusal:
@@ -86,6 +94,16 @@ def _body_slow(limits: HttpLimits) -> _Refusal:
         "request_timeout",
         f"The request body did not arrive within {limits.body_timeout_s:g} s: it is shorter "
         "than its Content-Length, or too slow. Send the whole body with a correct length.",
+    )
+
+
+def _too_many_bodies(limits: HttpLimits) -> _Refusal:
+    return _Refusal(
+        503,
+        "server_busy",
+        f"The server is already receiving {limits.max_receiving_bodies} request bodies, the "
+        "most it takes at once. Try again in a moment, and send each body at once.",
+        retry_after_s=limits.busy_retry_after_s,
     )
 
 
@@ -129,6 +147,10 @@ class _CheckedConnection(h11.Connection):
 _waiting_by_server: weakref.WeakKeyDictionary[ServerState, dict[BoundedH11Protocol, None]] = (
     weakref.WeakKeyDictionary()
 )
+# Per server: the connections receiving a request body.
+_receiving_by_server: weakref.WeakKeyDictionary[ServerState, set[BoundedH11Protocol]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class BoundedH11Protocol(H11Protocol):
@@ -146,6 +168,7 @@ class BoundedH11Protocol(H11Protocol):
         self._phase: _Phase = "other"
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting = _waiting_by_server.setdefault(server_state, {})
+        self._receiving = _receiving_by_server.setdefault(server_state, set())
 
     # -- uvicorn's hooks, each followed by a look at where the request now stands --
 
@@ -189,13 +212,23 @@ class BoundedH11Protocol(H11Protocol):
             self._deadline.cancel()
             self._deadline = None
         self._waiting.pop(self, None)
+        self._receiving.discard(self)
         self._phase = phase
         if phase == "head":
             self._deadline = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
             self._waiting[self] = None
             self._close_longest_waiting()
         elif phase == "body":
-            self._deadline = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
+            self._start_receiving_body()
+
+    def _start_receiving_body(self) -> None:
+        # Called from data_received, before the app's task has run: nothing is sent yet.
+        if len(self._receiving) >= self.limits.max_receiving_bodies:
+            self._phase = "other"
+            self._answer_and_close(_too_many_bodies(self.limits))
+            return
+        self._receiving.add(self)
+        self._deadline = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
 
     def _close_longest_waiting(self) -> None:
         while len(self._waiting) > self.limits.max_waiting_connections:
@@ -226,12 +259,14 @@ class BoundedH11Protocol(H11Protocol):
 
     def _answer_and_close(self, refusal: _Refusal) -> None:
         """Answer directly on the socket: h11's state no longer matters once we close."""
-        error = {"message": refusal.message, "type": "invalid_request_error"}
+        kind = "invalid_request_error" if refusal.status < 500 else "server_error"
+        error = {"message": refusal.message, "type": kind}
         body = json.dumps({"error": {**error, "param": None, "code": refusal.code}}).encode()
         reason = http.HTTPStatus(refusal.status).phrase
+        retry = "" if refusal.retry_after_s is None else f"retry-after: {refusal.retry_after_s}\r\n"
         head = (
             f"HTTP/1.1 {refusal.status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+            f"{retry}content-length: {len(body)}\r\nconnection: close\r\n\r\n"
         )
         self.transport.write(head.encode("ascii") + body)
         self.transport.close()

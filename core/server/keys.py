@@ -13,6 +13,7 @@ import ipaddress
 import os
 import re
 import secrets
+import stat
 from pathlib import Path
 
 from hearthside.core.errors import HearthsideError
@@ -131,17 +132,11 @@ def check_bind_is_safe(host: str, api_key: str | None) -> None:
 
 
 def _read_valid_key(path: Path) -> str | None:
-    """The stored key, or None when there is no usable one (missing, empty, corrupt, a link)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
+    """The stored key, or None when there is no usable one (missing, empty, corrupt, a link).
+    Raises ApiKeyFileError for a pipe, device or folder in the key file's place."""
+    raw = _read_regular_file(path, MAX_KEY_FILE_BYTES + 1)
+    if raw is None:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # a symlink: never follow it to someone else's file
-            return None
-        raise
-    with os.fdopen(fd, "rb") as file:
-        raw = file.read(MAX_KEY_FILE_BYTES + 1)
     try:
         key = raw.decode("ascii").strip()
     except UnicodeDecodeError:
@@ -193,23 +188,54 @@ def write_private_file(path: Path, content: bytes) -> None:
 
 
 def read_private_text(path: Path, max_bytes: int = MAX_KEY_FILE_BYTES) -> str | None:
-    """The text of a private file, or None when it is missing, a symlink, too big or not UTF-8."""
+    """The text of a private file, or None when it is missing, a symlink, too big or not UTF-8.
+    Raises ApiKeyFileError for a pipe, device or folder in its place."""
+    raw = _read_regular_file(path, max_bytes + 1)
+    if raw is None or len(raw) > max_bytes:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _read_regular_file(path: Path, max_bytes: int) -> bytes | None:
+    """At most `max_bytes` of the regular file at `path`; None when it is missing or a symlink
+    (never followed to someone else's file)."""
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever, and
+    # `serve` would hang without a word before it listens.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
     except FileNotFoundError:
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return None
         raise
-    with os.fdopen(fd, "rb") as file:
-        raw = file.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        return None
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+        _require_regular_file(path, os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as file:
+        return file.read(max_bytes)
+
+
+def _require_regular_file(path: Path, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        kind = "a folder"
+    elif stat.S_ISFIFO(mode):
+        kind = "a named pipe"
+    else:
+        kind = "a device or other special file"
+    raise ApiKeyFileError(
+        f"{path} is {kind}, not an ordinary file, so Hearthside cannot keep a key in it.",
+        hint=f"Remove or rename {path}, then start again: Hearthside writes a new key file "
+        "there (or point --api-key-file at an ordinary file).",
+    )
 
 
 def _write_private_draft(path: Path, key: str) -> Path:

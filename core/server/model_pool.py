@@ -10,17 +10,26 @@ from this pool, loaded with the planner's settings for this machine. The pool ke
 estimate — it stops the least recently used idle one, whose worker process ends and gives its
 memory back at once. Two requests for a model that is still loading wait for the same load.
 
+A request holds its model (`ServedModel` is a lease: release it, or use it as a context
+manager) from the moment it asks until its jobs are queued; a held model is never unloaded, so
+no request meets an engine torn down under it. Loads run one at a time on a thread of the
+pool's own; a request waits for its model at most `wait_s`, then gets QueueFullError (503 with
+Retry-After) and the load carries on for the next request, unless nobody wants it any more.
+So at most `max_loaded` models are loaded on demand, the one loading included.
+
 The app layer says what is installed and how a model is planned (`OnDemandModels`): this
 module knows neither where the store lives nor how the planner works.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -33,11 +42,9 @@ from hearthside.core.models.store import DEFAULT_REF, ModelStore
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LOADED = 2
-# A model just handed to a request counts as in use until its job reaches the service's queue
-# (the route submits it a moment later, on the event loop).
-HANDOFF_GRACE_S = 0.5
-# How long a load waits for a busy model to finish before it gives up with a 503.
-WAIT_FOR_IDLE_S = 30.0
+# How long a request waits for its model to be loaded (behind other loads, and for a loaded
+# model to fall idle so it can make room) before it gets a 503 with Retry-After.
+WAIT_FOR_MODEL_S = 30.0
 IDLE_POLL_S = 0.05
 MAX_NAME_SHOWN = 80
 
@@ -82,8 +89,21 @@ class ModelNotFoundError(HearthsideError):
 
 @dataclass(frozen=True)
 class ServedModel:
+    """The engine for a request, held (never unloaded) until `release()`."""
+
     id: str  # the name replies carry
     service: EngineService
+    lease: _Lease | None = None  # None: the served model, which the pool never unloads
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+
+    def __enter__(self) -> ServedModel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
 
 
 @dataclass(frozen=True)
@@ -93,11 +113,25 @@ class PoolEvent:
     reason: str = ""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     model: InstalledModel
     last_used_s: float
     ready: Future[EngineService] = field(default_factory=Future)
+    holders: int = 0  # requests waiting for it or using it: while > 0 it is never unloaded
+
+
+class _Lease:
+    """One request's hold on an entry; releasing twice releases once."""
+
+    def __init__(self, pool: ModelPool, entry: _Entry) -> None:
+        self._pool = pool
+        self._entry = entry
+        self._once = threading.Lock()
+
+    def release(self) -> None:
+        if self._once.acquire(blocking=False):
+            self._pool._let_go(self._entry)
 
 
 def installed_in_store(root: Path) -> list[InstalledModel]:
@@ -134,18 +168,21 @@ class ModelPool:
         max_loaded: int = DEFAULT_MAX_LOADED,
         created_s: int | None = None,
         service_factory: Callable[[], EngineService] = _started_service,
+        wait_s: float = WAIT_FOR_MODEL_S,
     ) -> None:
         if max_loaded < 1:
             raise ValueError("max_loaded must be at least 1")
         self.served = served
         self.served_id = served_id
         self.max_loaded = max_loaded
+        self.wait_s = wait_s
         self._on_demand = on_demand
         self._created_s = int(time.time()) if created_s is None else created_s
         self._listeners: list[Callable[[PoolEvent], None]] = []
         self._service_factory = service_factory
         self._lock = threading.Lock()
-        self._loading = threading.Lock()  # one load at a time: its room is measured alone
+        # One load at a time (its room is measured alone), in the order they were asked for.
+        self._load_turns: collections.deque[_Entry] = collections.deque()
         self._entries: dict[str, _Entry] = {}
         self._stopping = False
 
@@ -153,16 +190,19 @@ class ModelPool:
 
     def model_for(self, name: str | None) -> ServedModel:
         """The engine that answers requests for `name`, loading it first when it is an
-        installed model not loaded yet (blocking: seconds). Raises ModelNotFoundError."""
+        installed model not loaded yet (blocking: seconds, at most `wait_s`). Held until
+        released. Raises ModelNotFoundError, or QueueFullError when it cannot be had now."""
         if self._names_served(name) or self.served.is_remote:
             return ServedModel(self.served_id, self.served)
         model = self._installed(name or "")
         if self._is_served_file(model.path):
             return ServedModel(model.id, self.served)
-        return ServedModel(model.id, self._service_of(model))
+        return self._lease_of(model)
 
     def service_for(self, name: str | None) -> EngineService:
-        return self.model_for(name).service
+        """The engine for `name`, not held: it may be unloaded for another at any time."""
+        with self.model_for(name) as model:
+            return model.service
 
     def add_listener(self, listener: Callable[[PoolEvent], None]) -> None:
         """`listener` hears every load and unload, on the thread that did it."""
@@ -175,12 +215,14 @@ class ModelPool:
         return {entry.model.id: entry.ready.result().worker_pid for entry in ready}
 
     def stop(self) -> None:
-        """Unload every model loaded on demand (the served one stays with its owner)."""
+        """Unload every model loaded on demand (the served one stays with its owner); the
+        requests waiting for a load hear at once that the API is shutting down."""
         with self._lock:
             self._stopping = True
             entries = list(self._entries.values())
             self._entries.clear()
         for entry in entries:
+            _settle(entry, exception=_shutting_down())  # a load still running ends by itself
             if _succeeded(entry):
                 entry.ready.result().stop()
 
@@ -235,44 +277,93 @@ class ModelPool:
 
     # ---- loading on demand -----------------------------------------------------------
 
-    def _service_of(self, model: InstalledModel) -> EngineService:
+    def _lease_of(self, model: InstalledModel) -> ServedModel:
+        """`model`'s engine, held for the caller; its load starts here if nobody started it."""
         with self._lock:
             if self._stopping:
-                raise HearthsideError("The API is shutting down.")
+                raise _shutting_down()
             entry = self._entries.get(model.id)
-            first = entry is None
             if entry is None:
                 entry = self._entries[model.id] = _Entry(model, time.monotonic())
+                entry.holders = 1
+                threading.Thread(
+                    target=self._load, args=(entry,), name=f"load {model.id}", daemon=True
+                ).start()
+            else:
+                entry.holders += 1
             entry.last_used_s = time.monotonic()
-        if first:
-            self._load(entry)
-        return entry.ready.result()  # a load another request started is waited for
+        lease = _Lease(self, entry)
+        try:
+            service = entry.ready.result(timeout=self.wait_s)
+        except FutureTimeoutError:
+            lease.release()
+            raise _still_loading(model.id, self.wait_s) from None
+        except BaseException:
+            lease.release()
+            raise
+        return ServedModel(model.id, service, lease)
+
+    def _let_go(self, entry: _Entry) -> None:
+        with self._lock:
+            entry.holders -= 1
+            entry.last_used_s = time.monotonic()
 
     def _load(self, entry: _Entry) -> None:
-        service: EngineService | None = None
+        """On the entry's own thread: load its model, one load at a time."""
         try:
-            with self._loading:
-                config = self._make_room_and_plan(entry)
-                service = self._service_factory()
-                service.load(config, on_retry=log.info).result()
+            service = self._loaded_service(entry)
         except BaseException as exc:
             with self._lock:
-                self._entries.pop(entry.model.id, None)  # the next request tries again
+                if self._entries.get(entry.model.id) is entry:
+                    del self._entries[entry.model.id]  # the next request tries again
+            _settle(entry, exception=exc)
+            return
+        if not _settle(entry, service=service):  # the pool stopped meanwhile
+            service.stop()
+            return
+        self._tell(PoolEvent("loaded", entry.model.id))
+
+    def _loaded_service(self, entry: _Entry) -> EngineService:
+        with self._lock:
+            self._load_turns.append(entry)
+        service: EngineService | None = None
+        try:
+            self._wait_for_turn(entry)
+            config = self._make_room_and_plan(entry)
+            service = self._service_factory()
+            service.load(config, on_retry=log.info).result()
+            return service
+        except BaseException:
             if service is not None:
                 service.stop()
-            entry.ready.set_exception(exc)
-            return
-        entry.ready.set_result(service)
-        self._tell(PoolEvent("loaded", entry.model.id))
+            raise
+        finally:
+            with self._lock:
+                self._load_turns.remove(entry)
+
+    def _wait_for_turn(self, entry: _Entry) -> None:
+        while True:
+            self._check_still_wanted(entry)
+            with self._lock:
+                if self._load_turns[0] is entry:
+                    return
+            time.sleep(IDLE_POLL_S)
+
+    def _check_still_wanted(self, entry: _Entry) -> None:
+        """Raise when the pool is stopping, or when every request that wanted the model has
+        given up (its load would only take memory and time from the next one)."""
         with self._lock:
-            stopped_meanwhile = self._stopping
-        if stopped_meanwhile:
-            service.stop()
+            if self._stopping:
+                raise _shutting_down()
+            if entry.holders == 0:
+                if self._entries.get(entry.model.id) is entry:
+                    del self._entries[entry.model.id]
+                raise _still_loading(entry.model.id, self.wait_s)
 
     def _make_room_and_plan(self, entry: _Entry) -> EngineConfig:
-        """Unload the least recently used models until the cap leaves room, then until the
-        planned settings for `entry`'s model fit the memory free now. (The planner plans for
-        the whole machine, so what the others hold never shrinks the new model's settings.)"""
+        """Unload the least recently used models until the cap leaves room for `entry`'s,
+        then until its planned settings fit the memory free now. (The planner plans for the
+        whole machine, so what the others hold never shrinks the new model's settings.)"""
         while len(self._others(entry)) >= self.max_loaded:
             self._unload_least_recent(entry, f"at most {self.max_loaded} loaded on demand")
         config = self._loader().settings_for(entry.model)
@@ -285,31 +376,27 @@ class ModelPool:
             return [e for e in self._entries.values() if e is not entry and _succeeded(e)]
 
     def _unload_least_recent(self, entry: _Entry, reason: str) -> None:
-        """Stop the least recently used idle model, waiting a while for one to be idle."""
-        deadline = time.monotonic() + WAIT_FOR_IDLE_S
+        """Stop the least recently used idle model, waiting while every one is in use (as
+        long as some request still wants `entry`'s model)."""
         while (victim := self._take_least_recent_idle(entry)) is None:
-            if time.monotonic() > deadline:
-                raise QueueFullError(
-                    "Every loaded model is busy, so no other model can be loaded now.",
-                    hint="Try again when the current requests have finished.",
-                )
+            self._check_still_wanted(entry)
             time.sleep(IDLE_POLL_S)
         victim.ready.result().stop()  # the worker process ends: its memory returns now
         log.info("unloaded %s (%s)", victim.model.id, reason)
         self._tell(PoolEvent("unloaded", victim.model.id, reason))
 
     def _take_least_recent_idle(self, entry: _Entry) -> _Entry | None:
-        """The least recently used idle model, taken out of the pool in the same step (under
-        the lock that hands models to requests, so none is handed out as it goes)."""
+        """The least recently used model that no request holds and whose engine is idle,
+        taken out of the pool in the same step (under the lock that hands models out, so
+        none is handed out as it goes)."""
         with self._lock:
-            now = time.monotonic()
             idle = [
                 other
                 for other in self._entries.values()
                 if other is not entry
+                and other.holders == 0
                 and _succeeded(other)
-                and now - other.last_used_s > HANDOFF_GRACE_S
-                and _is_idle(other.ready.result())
+                and other.ready.result().idle
             ]
             victim = min(idle, key=lambda other: other.last_used_s, default=None)
             if victim is not None:
@@ -332,8 +419,33 @@ def _succeeded(entry: _Entry) -> bool:
     return entry.ready.done() and entry.ready.exception() is None
 
 
-def _is_idle(service: EngineService) -> bool:
-    return not service.busy and service.waiting_jobs == 0
+def _settle(
+    entry: _Entry, *, service: EngineService | None = None, exception: BaseException | None = None
+) -> bool:
+    """Give `entry` its outcome unless it has one already (a stop settles loads early)."""
+    try:
+        if exception is not None:
+            entry.ready.set_exception(exception)
+        else:
+            entry.ready.set_result(service)  # type: ignore[arg-type]
+    except InvalidStateError:
+        return False
+    return True
+
+
+def _shutting_down() -> QueueFullError:
+    return QueueFullError(
+        "The API is shutting down.", hint="Send the request again once it has restarted."
+    )
+
+
+def _still_loading(model_id: str, waited_s: float) -> QueueFullError:
+    return QueueFullError(
+        f"The model `{model_id}` could not be loaded within {waited_s:.0f} s: other models "
+        "are loading or every loaded model is busy.",
+        hint="Try again in a few seconds, or ask for a model that is already loaded "
+        '(GET /v1/models marks them "loaded").',
+    )
 
 
 def _card(model_id: str, created_s: int, loaded: bool) -> dict[str, Any]:

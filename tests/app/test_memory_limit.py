@@ -67,3 +67,25 @@ def test_without_backing_off_the_same_load_is_killed(default_model_file: Path, n
     assert result.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), result.stdout
     assert "loaded" not in result.stdout
     assert kills >= 1
+
+
+TINY_LIMIT = 100 * MIB  # the app alone fits; the app and a child loading a model do not
+
+
+@pytest.mark.slow
+def test_under_a_100_mib_limit_the_chat_says_memory_ran_out(chat_model_file: Path) -> None:
+    """Issue 36: the kernel killed the chat process itself (the largest one while its model
+    check started) and the user saw nothing. Children that load models now ask the OOM killer
+    to take them first, and their death is a plain message."""
+    with memory_limited_cgroup(TINY_LIMIT) as cgroup:
+        if not cgroup.swap_limited:
+            pytest.skip("swap is on and not limited for the cgroup: the load would swap instead")
+        command = [*CLI, "chat", "--model", str(chat_model_file), "--prompt", "Hi."]
+        result = cgroup.run([*command, "--max-tokens", "8"])
+        kills = cgroup.oom_kills
+    if kills == 0:
+        pytest.skip("this machine ran the chat within 100 MiB: nothing was killed")
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert result.stderr.startswith("error: ") or "\nerror: " in result.stderr
+    assert "ran out of memory" in result.stderr or "not enough memory" in result.stderr
+    assert "Traceback" not in result.stderr
