@@ -46,6 +46,7 @@ import llama_cpp
 import numpy as np
 
 from hearthside.core.engine.config import SamplingParams
+from hearthside.core.engine.grammar_sampling import GrammarLastSampler
 from hearthside.core.engine.logprobs import LogprobsCallback, TokenLogprob, logits_row
 from hearthside.core.engine.metrics import SpeculationStats
 from hearthside.core.engine.speculative import (
@@ -108,8 +109,9 @@ class SamplerChain:
     """One sequence's llama.cpp sampler chain, built from its `SamplingParams`.
 
     The same samplers, in the same order, as llama-cpp-python's `Llama.generate` uses on the
-    single-sequence path: penalties, the grammar, then greedy (temperature 0) or top-k, top-p,
-    min-p, temperature and a seeded draw. Owns `grammar` (a parsed grammar sampler) from here on.
+    single-sequence path: penalties, then greedy (temperature 0) or top-k, top-p, min-p,
+    temperature and a seeded draw; a grammar is consulted on the drawn token first
+    (grammar_sampling.py). Owns `grammar` (a parsed grammar sampler) from here on.
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class SamplerChain:
         params = llama_cpp.llama_sampler_chain_default_params()
         params.no_perf = True
         self._chain: llama_cpp.llama_sampler_p | None = llama_cpp.llama_sampler_chain_init(params)
+        self._grammar_last: GrammarLastSampler | None = None
         try:
             self._add(
                 llama_cpp.llama_sampler_init_penalties(
@@ -128,18 +131,17 @@ class SamplerChain:
                     sampling.presence_penalty,
                 )
             )
+            self._add_choice(sampling)
         except BaseException:
             if grammar is not None:
                 llama_cpp.llama_sampler_free(grammar)
             self.close()
             raise
-        try:
-            if grammar is not None:
-                self._add(grammar)
-            self._add_choice(sampling)
-        except BaseException:
-            self.close()
-            raise
+        # The grammar is asked about the drawn token first, not about every token (#34).
+        if grammar is not None:
+            chain, self._chain = self._chain, None
+            assert chain is not None
+            self._grammar_last = GrammarLastSampler(chain, grammar, n_vocab)
 
     def _add_choice(self, sampling: SamplingParams) -> None:
         if sampling.temperature == 0:
@@ -160,6 +162,8 @@ class SamplerChain:
 
     def sample(self, ctx: llama_cpp.llama_context_p, output_index: int) -> int:
         """Sample (and accept) a token from the logits at `output_index` of the last decode."""
+        if self._grammar_last is not None:
+            return self._grammar_last.sample(ctx, output_index)
         assert self._chain is not None
         return int(llama_cpp.llama_sampler_sample(self._chain, ctx, output_index))
 
@@ -167,6 +171,9 @@ class SamplerChain:
         chain, self._chain = self._chain, None
         if chain:
             llama_cpp.llama_sampler_free(chain)
+        grammar_last, self._grammar_last = self._grammar_last, None
+        if grammar_last is not None:
+            grammar_last.close()
 
 
 class SequenceRun(Protocol):

@@ -34,6 +34,7 @@ from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecodi
 
 from hearthside.core.engine import native_log
 from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
+from hearthside.core.engine.grammar_sampling import LlamaSamplerWithGrammarLast
 from hearthside.core.engine.metrics import SpeculationStats
 from hearthside.core.engine.tensor_overrides import LlamaWithOverrides
 from hearthside.core.errors import EngineError, EngineLoadError
@@ -292,6 +293,19 @@ class SpeculativeLlama(llama_cpp.Llama):
             draft.attach(self)
         self.draft = draft
         self.draft_model = draft
+
+    def _init_sampler(self, *, grammar: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        """llama-cpp-python's sampler chain, with a grammar consulted on the drawn token
+        first instead of on every token of the vocabulary (grammar_sampling.py, #34)."""
+        chain = super()._init_sampler(grammar=None, **kwargs)  # it is called with keywords
+        if grammar is None:
+            return chain
+        gbnf, root = grammar._grammar.encode(), grammar._root.encode()
+        native = llama_cpp.llama_sampler_init_grammar(self._model.vocab, gbnf, root)
+        if not native:
+            chain.close()
+            raise ValueError("llama.cpp refused the grammar")
+        return LlamaSamplerWithGrammarLast(chain, native, self.n_vocab())
 
     def eval(self, tokens: Any) -> None:
         wanted = 1 if self.draft is None else self.draft.draft_tokens + 1

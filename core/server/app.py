@@ -36,7 +36,14 @@ from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.grammar_limits import GrammarError
 from hearthside.core.engine.logprobs import LogprobsCallback, TokenLogprob
 from hearthside.core.engine.remote import RemoteEngine, RemoteServerError
-from hearthside.core.engine.service import EngineService, Job, LoadedEngine, LocalEngine
+from hearthside.core.engine.service import (
+    EngineService,
+    EngineStoppedError,
+    Job,
+    LoadedEngine,
+    LocalEngine,
+)
+from hearthside.core.engine.worker_engine import EngineUnresponsiveError
 from hearthside.core.errors import (
     ContextOverflowError,
     EngineCrashedError,
@@ -52,8 +59,10 @@ from hearthside.core.server.logprob_format import (
     chat_logprobs,
     completion_logprobs,
 )
+from hearthside.core.server.metrics import install_metrics
 from hearthside.core.server.model_pool import DEFAULT_MAX_LOADED, ModelNotFoundError, ModelPool
 from hearthside.core.server.request_errors import InvalidRequestError
+from hearthside.core.server.schema_converter import UnenforceableSchemaError
 from hearthside.core.server.schemas import (
     ChatCompletionRequest,
     ChatMessageIn,
@@ -64,6 +73,7 @@ from hearthside.core.server.security import SecurityMiddleware, SecurityPolicy, 
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context_full": "length"}
 DISCONNECT_POLL_S = 0.1
+ENGINE_RESTART_RETRY_AFTER_S = 5  # a frozen engine is killed and started again meanwhile
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -142,9 +152,14 @@ def create_app(
     app.state.model_pool = pool  # routes in other modules pick their engine with it too
     _add_error_handlers(app)
     _add_routes(app, settings, service, pool)
+    # Imported here, not at the top: the Anthropic routes build on this module.
+    from hearthside.core.server.anthropic import add_anthropic_routes
+
+    add_anthropic_routes(app, settings, service, pool)
     if counter is not None:  # added first, so it sits inside the security checks
         app.add_middleware(_CountingMiddleware, counter=counter)
     app.add_middleware(SecurityMiddleware, policy=settings.security_policy())
+    install_metrics(app, service, pool)  # last: its request counts see the refusals too
     return app
 
 
@@ -219,6 +234,8 @@ def error_response(exc: HearthsideError) -> JSONResponse:
             type_="invalid_request_error",
             code="context_length_exceeded",
         )
+    if isinstance(exc, UnenforceableSchemaError):
+        return openai_error(400, exc.message, type_="invalid_request_error", code=exc.code)
     if isinstance(exc, EngineConfigError | structured.StructuredOutputError | GrammarError):
         return openai_error(400, exc.message, type_="invalid_request_error")
     if isinstance(exc, validation.InvalidReplyError):  # 422: SDKs retry a 5xx unasked
@@ -227,6 +244,14 @@ def error_response(exc: HearthsideError) -> JSONResponse:
         )
     if isinstance(exc, JobCancelledError):
         return openai_error(499, exc.message, type_="invalid_request_error", code="cancelled")
+    if isinstance(exc, EngineUnresponsiveError | EngineStoppedError):  # it is being restarted
+        return openai_error(
+            503,
+            exc.message,
+            type_="server_error",
+            code="engine_unavailable",
+            headers={"Retry-After": str(ENGINE_RESTART_RETRY_AFTER_S)},
+        )
     if isinstance(exc, EngineCrashedError):  # the service restarts it; the next request is served
         return openai_error(500, exc.message, type_="server_error", code="engine_crashed")
     if isinstance(exc, RemoteServerError):
@@ -285,11 +310,12 @@ def _add_routes(
             return await relay.respond(request, service)
         # Off the event loop: loading a model on demand, or a large (bounded) schema.
         model = await run_in_threadpool(pool.model_for, body.model)
-        named = replace(settings, model_id=model.id)
-        plan = await run_in_threadpool(_chat_plan, body, named)
-        plans = _choice_plans(plan, body.n)
-        stream, usage = body.stream, body.include_usage()
-        return await _respond(plans, stream, usage, request, model.service, named)
+        with model:  # held, never unloaded, until its jobs are queued (answered, if whole)
+            named = replace(settings, model_id=model.id)
+            plan = await run_in_threadpool(_chat_plan, body, named)
+            plans = _choice_plans(plan, body.n)
+            stream, usage = body.stream, body.include_usage()
+            return await _respond(plans, stream, usage, request, model.service, named)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -298,10 +324,11 @@ def _add_routes(
             relay = _Relay("completions", _as_sent(body), body.stream, settings.model_id)
             return await relay.respond(request, service)
         model = await run_in_threadpool(pool.model_for, body.model)
-        named = replace(settings, model_id=model.id)
-        plans = _completion_plans(body, named)
-        stream, usage = body.stream, body.include_usage()
-        return await _respond(plans, stream, usage, request, model.service, named)
+        with model:  # held, never unloaded, until its jobs are queued (answered, if whole)
+            named = replace(settings, model_id=model.id)
+            plans = _completion_plans(body, named)
+            stream, usage = body.stream, body.include_usage()
+            return await _respond(plans, stream, usage, request, model.service, named)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
@@ -750,20 +777,30 @@ class _ReplyFormat:
 
     def _message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         cut_off = finish == "length"
-        tools = self.plan.tools
-        calls = structured.parse_tool_calls(text, tools, cut_off=cut_off) if tools else None
+        calls = self._tool_calls(text, cut_off)
         if calls is None:
             return {"role": "assistant", "content": text, "refusal": None}, finish
-        tool_calls = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in calls
-        ]
-        message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": tool_calls}
+        message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
+        if calls:  # a call cut off before its name was written leaves none
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in calls
+            ]
         return message, "length" if cut_off else "tool_calls"
+
+    def _tool_calls(self, text: str, cut_off: bool) -> tuple[structured.ToolCall, ...] | None:
+        """The reply's calls; one the token limit cut short is reported as its stream is
+        (#34: never call syntax as `content`)."""
+        tools = self.plan.tools
+        if not tools:
+            return None
+        if cut_off:
+            return structured.cut_off_tool_calls(text, tools)
+        return structured.parse_tool_calls(text, tools)
 
     # streams
 
@@ -789,9 +826,10 @@ class _ReplyFormat:
             chunks.append(self._envelope("text_completion", [choice]))
         else:
             if self.tool_stream is not None:
-                deltas, tool_finish = self.tool_stream.finish()
+                cut_off = finish == "length"
+                deltas, tool_finish = self.tool_stream.finish(cut_off=cut_off)
                 chunks += [self._chunk(delta, None) for delta in deltas]
-                if finish != "length":  # a call cut off by the limit is reported as such
+                if not cut_off:  # a call cut off by the limit is reported as such
                     finish = tool_finish
             chunks.append(self._chunk({}, finish))
         if include_usage:

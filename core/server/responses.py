@@ -457,17 +457,26 @@ class ResponseBuilder:
 
     def whole(self, result: GenerationResult) -> dict[str, Any]:
         status = _status_of(result)
-        calls = (
-            structured.parse_tool_calls(result.text, self.plan.tools) if self.plan.tools else None
-        )
+        calls = self._tool_calls(result.text, cut_off=status == "incomplete")
         if calls is None:
             output = [message_item(_new_id("msg"), result.text, status)]
+        elif not calls:  # cut off before a call's name: an empty message, as a stream ends
+            output = [message_item(_new_id("msg"), "", status)]
         else:
             output = [
                 function_call_item(_new_id("fc"), call.id, call.name, call.arguments, status)
                 for call in calls
             ]
         return self.response(status, output, result)
+
+    def _tool_calls(self, text: str, cut_off: bool) -> tuple[structured.ToolCall, ...] | None:
+        """The reply's calls; one the token limit cut short as its stream sends it (#34)."""
+        tools = self.plan.tools
+        if not tools:
+            return None
+        if cut_off:
+            return structured.cut_off_tool_calls(text, tools)
+        return structured.parse_tool_calls(text, tools)
 
 
 def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -529,7 +538,8 @@ class ResponseEvents:
     def closing(self, result: GenerationResult) -> list[dict[str, Any]]:
         events = []
         if self._tool_stream is not None:
-            deltas, _finish = self._tool_stream.finish()
+            cut_off = _status_of(result) == "incomplete"
+            deltas, _finish = self._tool_stream.finish(cut_off=cut_off)
             events += self._from_deltas(deltas)
         if self._open is None and not self.output:  # an empty reply is still a message
             events += self._open_message()
@@ -678,21 +688,22 @@ def add_responses_routes(
             return refusal.response()
         # Off the event loop: loading a model on demand, or a large (bounded) schema.
         model = await run_in_threadpool(pool.model_for, body.model)
-        named = replace(settings, model_id=model.id)
-        plan = await run_in_threadpool(_chat_plan, chat, named)
-        builder = ResponseBuilder(body, plan, model.id)
-        keep = store.keep if body.store else None
-        if body.stream:
-            return await _respond_streaming(builder, turn, keep, request, model.service)
-        job = _submit(plan, model.service, None)
-        try:
-            result = await _wait_unless_client_leaves(job, request)
-        except ClientGone:
-            return Response(status_code=499)
-        response = builder.whole(result)
-        if keep is not None:
-            keep(StoredResponse(response, turn.conversation_with(response["output"])))
-        return JSONResponse(response)
+        with model:  # held, never unloaded, until its job is queued (answered, if whole)
+            named = replace(settings, model_id=model.id)
+            plan = await run_in_threadpool(_chat_plan, chat, named)
+            builder = ResponseBuilder(body, plan, model.id)
+            keep = store.keep if body.store else None
+            if body.stream:
+                return await _respond_streaming(builder, turn, keep, request, model.service)
+            job = _submit(plan, model.service, None)
+            try:
+                result = await _wait_unless_client_leaves(job, request)
+            except ClientGone:
+                return Response(status_code=499)
+            response = builder.whole(result)
+            if keep is not None:
+                keep(StoredResponse(response, turn.conversation_with(response["output"])))
+            return JSONResponse(response)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str) -> Response:

@@ -308,3 +308,45 @@ def _object_keywords(schema: Mapping[str, Any]) -> frozenset[str]:
     if not isinstance(required, list) or any(name not in names for name in required):
         return frozenset()  # a required name the properties never list is not forced
     return _OBJECT_KEYWORDS
+
+
+# ---- what the grammar cannot enforce at all ----------------------------------------------------
+
+# Keywords the converter writes nothing for, which a reply would meet only by chance: a request
+# that uses one is refused before any token is generated (#34: a `multipleOf` the model missed
+# cost three full replies, 183 s, then a 422). Keywords the grammar writes in part are served,
+# the validator checking the rest: number bounds (the whole part), `oneOf` (as `anyOf`),
+# `allOf` (merged), `uniqueItems` (the items), string `format`s.
+UNENFORCEABLE_KEYWORDS = frozenset(
+    {
+        "multipleOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+        "dependencies", "minProperties", "maxProperties", "patternProperties", "propertyNames",
+        "contains", "minContains", "maxContains", "unevaluatedItems", "unevaluatedProperties",
+    }
+)  # fmt: skip
+
+
+class UnenforceableSchemaError(StructuredOutputError):
+    """A JSON schema uses a keyword the grammar cannot enforce; refused before generating."""
+
+    code = "unenforceable_schema"
+
+
+def check_enforceable(schema: Any, what: str) -> None:
+    """Refuses `schema` (called `what` in the message) when any subschema uses one of
+    UNENFORCEABLE_KEYWORDS, naming the first and where it is."""
+    pending: list[tuple[str, Any]] = [("$", schema)]
+    while pending:
+        path, node = pending.pop()
+        if not isinstance(node, Mapping):
+            continue
+        found = sorted(UNENFORCEABLE_KEYWORDS.intersection(node))
+        if found:
+            raise UnenforceableSchemaError(
+                f"{what} uses `{found[0]}` (at {path}), which Hearthside cannot make the model "
+                f"follow: a reply would meet it only by chance, so the request is refused "
+                f"before generating. Remove `{found[0]}` from the schema and check that rule in "
+                "your own code (or describe it in the prompt), then send the request again.",
+                hint=f"Remove `{found[0]}` and check it yourself.",
+            )
+        pending.extend(subschemas(node, path))

@@ -13,6 +13,9 @@ from hearthside.core.engine.config import MAX_TOP_LOGPROBS
 MAX_STOP_SEQUENCES = 4
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound for completions' `logprobs`
 MAX_CHOICES = 8  # per request (prompts × n): each is a job in the bounded queue
+# OpenAI's own limit. The chat template renders every message within its 1 s cap: 5000 short
+# messages ran past it on two cores and got a 500 (issue 36); 2048 render in a fraction of it.
+MAX_MESSAGES = 2048
 # JSON's "\ud800" decodes to a lone surrogate, which no UTF-8 encoder (nor llama.cpp) takes.
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -117,6 +120,17 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _check_message_count(cls, value: Any) -> Any:
+        # Before each message is parsed: 30000 of them fit in the 1 MiB body.
+        if isinstance(value, list) and len(value) > MAX_MESSAGES:
+            raise ValueError(
+                f"give at most {MAX_MESSAGES} messages; this request has {len(value)}. "
+                "Send fewer (drop or summarise the oldest turns)"
+            )
+        return value
 
     @field_validator("top_logprobs")
     @classmethod

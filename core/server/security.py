@@ -3,14 +3,16 @@
 Checks run in this order on every HTTP request, before the app sees it:
 1. Host is one of the exact allowed values (DNS rebinding; Ollama CVE-2024-28224).
 2. An `Origin`, when present, is one of the configured origins; preflights are answered here.
-3. The API key, when one is set, on every route (compared in constant time).
+3. The API key, when one is set, on every route (compared in constant time), sent as
+   `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's).
 4. POST/PUT/PATCH carry `Content-Type: application/json`.
 5. The body fits the cap: a large Content-Length is refused unread, a chunked body is read at
    most one chunk past the cap and never reaches the app.
 
 Decisions read the raw ASGI scope (headers as bytes); no URL is rebuilt. Responses pass
 through untouched apart from CORS headers, so streams are not buffered. Nothing here logs a
-key, a header value or a body.
+key, a header value or a body. Refusals come in OpenAI's error shape, or in Anthropic's on the
+Anthropic Messages routes (`/v1/messages...`), whose clients read only that one.
 """
 
 from __future__ import annotations
@@ -28,8 +30,21 @@ log = logging.getLogger(__name__)
 LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "[::1]")
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 PREFLIGHT_ALLOW_METHODS = b"GET, POST"
-PREFLIGHT_ALLOW_HEADERS = b"authorization, content-type"
+PREFLIGHT_ALLOW_HEADERS = b"authorization, content-type, x-api-key, anthropic-version"
 PREFLIGHT_MAX_AGE_S = 600
+ANTHROPIC_ROUTES = "/v1/messages"  # and the paths under it
+# Anthropic's error type for each status (its "Errors" page); others by class: 4xx, 5xx.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,21 @@ def openai_error(
     return JSONResponse(body, status_code=status, headers=dict(headers) if headers else None)
 
 
+def anthropic_error(
+    status: int, message: str, *, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """An error in the shape Anthropic's clients parse: {"type": "error", "error": {type,
+    message}}, the type named by the status as Anthropic names it."""
+    fallback = "invalid_request_error" if status < 500 else "api_error"
+    kind = ANTHROPIC_ERROR_TYPES.get(status, fallback)
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return JSONResponse(body, status_code=status, headers=dict(headers) if headers else None)
+
+
+def is_anthropic_route(path: str) -> bool:
+    return path == ANTHROPIC_ROUTES or path.startswith(ANTHROPIC_ROUTES + "/")
+
+
 @dataclass(frozen=True)
 class _Refusal:
     status: int
@@ -72,10 +102,12 @@ class _Refusal:
     type_: str = "invalid_request_error"
     headers: Mapping[str, str] | None = None
 
-    def response(self, *, close: bool = False) -> JSONResponse:
+    def response(self, *, close: bool = False, anthropic: bool = False) -> JSONResponse:
         headers = dict(self.headers or {})
         if close:
             headers["Connection"] = "close"
+        if anthropic:
+            return anthropic_error(self.status, self.message, headers=headers)
         return openai_error(
             self.status, self.message, type_=self.type_, code=self.code, headers=headers
         )
@@ -97,7 +129,8 @@ def host_not_allowed(port: int) -> _Refusal:
 ORIGIN_NOT_ALLOWED = _Refusal(403, "This web origin is not allowed.", "origin_not_allowed")
 MISSING_KEY = _Refusal(
     401,
-    "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+    "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' or as "
+    "'x-api-key: <key>'.",
     "missing_api_key",
     headers={"WWW-Authenticate": "Bearer"},
 )
@@ -166,18 +199,37 @@ class SecurityMiddleware:
     def _auth_refusal(self, headers: _RequestHeaders) -> _Refusal | None:
         if self._key is None:
             return None
-        authorization = headers.only(b"authorization")
-        if authorization is None or headers.count(b"authorization") != 1:
+        tokens = _sent_keys(headers)
+        if not tokens:
             return MISSING_KEY
-        scheme, _, token = authorization.partition(b" ")
-        if scheme.lower() != b"bearer":
-            return MISSING_KEY
-        return None if hmac.compare_digest(token.strip(), self._key) else WRONG_KEY
+        # Every key sent must be right: a wrong one beside a right one is still refused.
+        matches = [hmac.compare_digest(token, self._key) for token in tokens]
+        return None if all(matches) else WRONG_KEY
 
     async def _refuse(self, refusal: _Refusal, scope: Scope, receive: Receive, send: Send) -> None:
         log.debug("refused a %s request: %s", scope.get("method", "?"), refusal.code)
         close = refusal is TOO_LARGE or _may_carry_large_body(_RequestHeaders(scope), self.policy)
-        await refusal.response(close=close)(scope, receive, send)
+        anthropic = is_anthropic_route(str(scope.get("path", "")))
+        await refusal.response(close=close, anthropic=anthropic)(scope, receive, send)
+
+
+def _sent_keys(headers: _RequestHeaders) -> list[bytes]:
+    """The keys a request sends, `Authorization: Bearer` first, then `x-api-key`; empty when
+    either header is repeated or the Authorization scheme is not Bearer (no key was given as
+    the API asks)."""
+    if headers.count(b"authorization") > 1 or headers.count(b"x-api-key") > 1:
+        return []
+    tokens = []
+    authorization = headers.only(b"authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.partition(b" ")
+        if scheme.lower() != b"bearer":
+            return []
+        tokens.append(token.strip())
+    api_key = headers.only(b"x-api-key")
+    if api_key is not None:
+        tokens.append(api_key.strip())
+    return tokens
 
 
 class _RequestHeaders:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hearthside.core.engine.grammar_limits import GrammarError, check_grammar_bounds
-from hearthside.core.server.schema_converter import BoundedSchemaConverter
+from hearthside.core.server.schema_converter import BoundedSchemaConverter, check_enforceable
 from hearthside.core.server.schema_limits import (
     StructuredOutputError,
     check_json_nesting,
@@ -39,9 +39,13 @@ STRICT_JSON_CHAR_RULE = (
 # Plain text in `auto` mode: whatever starts with neither "{" nor a space (the engine drops a
 # reply's leading spaces, so " {" would read as a tool call).
 PLAIN_TEXT_RULES = "plain-text ::= [^{[ \\t\\r\\n] [^\\x00]*"
+# Matched again on every token while a call's head streams in, so each repetition is bounded:
+# one try costs the same however long the reply grows (issue 36). A name is at most 64
+# characters (TOOL_NAME_RE); a head that does not fit is parsed whole when the reply ends.
 HEAD_RE = re.compile(
-    r'[ \t\r\n]*\{[ \t\r\n]*"name"[ \t\r\n]*:[ \t\r\n]*("(?:[^"\\]|\\.)*")'
-    r'[ \t\r\n]*,[ \t\r\n]*"arguments"[ \t\r\n]*:[ \t\r\n]*'
+    r'[ \t\r\n]{0,64}\{[ \t\r\n]{0,64}"name"[ \t\r\n]{0,64}:[ \t\r\n]{0,64}'
+    r'("(?:[^"\\]|\\.){0,256}")'
+    r'[ \t\r\n]{0,64},[ \t\r\n]{0,64}"arguments"[ \t\r\n]{0,64}:[ \t\r\n]{0,64}'
 )
 WHITESPACE = " \t\r\n"
 # Several calls are an array the model opens with "[": a model that writes one call's object
@@ -104,6 +108,7 @@ def _short(exc: BaseException) -> str:
 
 
 def _json_grammar(schema: Mapping[str, Any]) -> str:
+    check_enforceable(schema, "The JSON schema of response_format")
     builder = _GrammarBuilder()
     reply = builder.add_schema(schema, "json-reply")
     return builder.grammar(f'" "? {reply}')
@@ -263,6 +268,8 @@ def _named_tool(tools: Sequence[ToolSpec], choice: Any) -> ToolSpec:
 
 
 def _tool_grammar(tools: Sequence[ToolSpec], *, allow_plain_text: bool, parallel: bool) -> str:
+    for tool in tools:
+        check_enforceable(tool.parameters, f"The parameters schema of tool {tool.name!r}")
     if len(tools) == 1:
         schema = _call_schema(tools[0], "#/properties/arguments")
     else:  # llama.cpp's converter resolves refs through objects only, never list indices
@@ -490,10 +497,14 @@ class ToolCallStream:
             return self._try_next_call()
         return []
 
-    def finish(self) -> tuple[list[dict[str, Any]], str]:
-        """The deltas still held back, and the finish_reason ("tool_calls" or "stop")."""
+    def finish(self, *, cut_off: bool = False) -> tuple[list[dict[str, Any]], str]:
+        """The deltas still held back, and the finish_reason ("tool_calls" or "stop"). With
+        `cut_off` (the token limit ended the reply) call syntax is never sent as content: a call
+        whose name was written is sent with the arguments written so far, the rest is dropped."""
         if self._mode in ("arguments", "between"):
             return [], "tool_calls"
+        if cut_off and self._mode in ("head", "whole"):
+            return self._cut_off_call(), "tool_calls"
         if self._mode in ("head", "whole"):
             calls = _parse_calls(
                 self._held, self._names, in_list=self._in_list, cut_off=self._in_list
@@ -512,6 +523,18 @@ class ToolCallStream:
                 return [], "tool_calls"
         held, self._held = self._held, ""
         return _content(held), "stop"
+
+    def _cut_off_call(self) -> list[dict[str, Any]]:
+        """The call whose head the token limit left whole, with its arguments so far."""
+        held, self._held = self._held, ""
+        head = HEAD_RE.match(held)
+        if head is None or json.loads(head.group(1)) not in self._names:
+            return []
+        arguments = held[head.end() :]
+        if arguments and not arguments.startswith("{"):
+            return []
+        announced = self._announce(json.loads(head.group(1)), new_tool_call_id())
+        return [announced, *self._arguments_delta(arguments)]
 
     def _decide(self) -> list[dict[str, Any]]:
         stripped = self._held.lstrip(WHITESPACE)
@@ -574,6 +597,32 @@ class ToolCallStream:
             return []
         index = len(self.tool_call_ids) - 1
         return [{"tool_calls": [{"index": index, "function": {"arguments": piece}}]}]
+
+
+def cut_off_tool_calls(text: str, tools: Sequence[ToolSpec]) -> tuple[ToolCall, ...] | None:
+    """The calls a reply the token limit cut short had begun, exactly as a stream of it sends
+    them (the last one's arguments unfinished); None when the reply is plain text."""
+    if not text.lstrip(WHITESPACE).startswith(("{", "[")):
+        return None
+    stream = ToolCallStream(tools)
+    deltas = stream.feed(text)
+    rest, _finish = stream.finish(cut_off=True)
+    return calls_from_deltas([*deltas, *rest])
+
+
+def calls_from_deltas(deltas: Sequence[Mapping[str, Any]]) -> tuple[ToolCall, ...]:
+    """The calls a client assembles from stream deltas, by `index`, as OpenAI's SDK does."""
+    calls: list[ToolCall] = []
+    for delta in deltas:
+        for part in delta.get("tool_calls", ()):
+            function = part["function"]
+            if part["index"] == len(calls):
+                calls.append(ToolCall(part["id"], function["name"], function["arguments"]))
+            else:
+                call = calls[part["index"]]
+                arguments = call.arguments + function["arguments"]
+                calls[part["index"]] = ToolCall(call.id, call.name, arguments)
+    return tuple(calls)
 
 
 def _content(piece: str) -> list[dict[str, Any]]:

@@ -35,6 +35,8 @@ MAX_ATTEMPTS = 3
 # default temperature, from a seed derived from the request's, so they stay reproducible.
 RESAMPLE_TEMPERATURE = 0.8
 MAX_PROBLEMS_SHOWN = 3
+# Replies a limit cut short are returned as they are, unchecked (finish_reason "length").
+UNFINISHED_STOPS = frozenset({"length", "context_full"})
 DRAFTS = {
     "http://json-schema.org/draft-04/schema": jsonschema_rs.Draft4Validator,
     "http://json-schema.org/draft-06/schema": jsonschema_rs.Draft6Validator,
@@ -150,15 +152,18 @@ def generate_checked(
     check: ReplyCheck,
     on_text: Callable[..., None] | None,
 ) -> GenerationResult:
-    """The first of up to MAX_ATTEMPTS replies that passes `check` (or that the token limit cut
-    short, which is reported as such); raises InvalidReplyError when none does."""
+    """The first of up to MAX_ATTEMPTS replies that passes `check` (or that a limit cut short,
+    which is reported as such, or that was cancelled); raises InvalidReplyError when none does."""
     live = on_text is not None and check.grammar_enforces_all
     failures: list[str] = []
     for attempt in range(MAX_ATTEMPTS):
         held = None if on_text is None or live else _HeldText(check, on_text)
         sink = on_text if live else (held.take if held else None)
         result = generate(attempt_sampling(sampling, attempt), sink)
-        problems = [] if result.metrics.stop_reason == "length" else check.problems(result.text)
+        if result.metrics.stop_reason == "cancelled":
+            return result  # the client left (#34): a reply nobody reads is not tried again
+        unfinished = result.metrics.stop_reason in UNFINISHED_STOPS
+        problems = [] if unfinished else check.problems(result.text)
         if not problems:
             if held is not None:
                 held.release()

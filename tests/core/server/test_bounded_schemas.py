@@ -200,7 +200,14 @@ def test_a_pydantic_model_with_bounds_parses_within_them(
     assert failed_attempts(caplog) < MAX_ATTEMPTS
 
 
-UNMEETABLE = {"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5}  # grammar: 1..4
+# Served (the grammar writes the items), yet the grammar allows only ["a", "a"]: never unique.
+UNMEETABLE = {
+    "type": "array",
+    "items": {"enum": ["a"]},
+    "minItems": 2,
+    "maxItems": 2,
+    "uniqueItems": True,
+}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -214,12 +221,12 @@ def test_a_reply_the_grammar_cannot_make_valid_is_resampled_then_refused(
             messages=[{"role": "user", "content": "Pick a number."}],
             response_format=rf(UNMEETABLE),  # type: ignore[arg-type]
             temperature=0,
-            max_tokens=4,
+            max_tokens=32,
             stream=stream,
         )
     error = raised.value.body
     assert isinstance(error, dict) and error["code"] == "structured_output_failed"
-    assert f"in {MAX_ATTEMPTS} attempts" in error["message"] and "multiple of 5" in error["message"]
+    assert f"in {MAX_ATTEMPTS} attempts" in error["message"] and "unique" in error["message"]
     assert failed_attempts(caplog) == MAX_ATTEMPTS  # each attempt sampled and checked
 
 

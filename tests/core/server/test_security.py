@@ -382,7 +382,8 @@ def test_preflight_for_configured_origin(keyed_server: LiveServer) -> None:
     headers = cors_headers(response)
     assert headers["access-control-allow-origin"] == ORIGIN
     assert headers["access-control-allow-methods"] == "GET, POST"
-    assert headers["access-control-allow-headers"] == "authorization, content-type"
+    allowed = "authorization, content-type, x-api-key, anthropic-version"
+    assert headers["access-control-allow-headers"] == allowed
     assert "access-control-allow-credentials" not in headers
     assert all("*" not in value for value in headers.values())
     assert "Origin" in response.headers.get_list("vary")

@@ -270,10 +270,27 @@ def test_unsupported_tool_parameters_are_refused() -> None:
         grammar_for_tools(parse_tools([tool]), "required")
 
 
-def test_keywords_the_grammar_cannot_write_are_served() -> None:
+def test_keywords_the_grammar_cannot_write_are_refused_before_generating() -> None:
     parameters = {"type": "object", "minProperties": 1, "properties": {"n": {"multipleOf": 2}}}
     tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
-    assert grammar_for_tools(parse_tools([tool]), "required")  # the validator checks them
+    with pytest.raises(StructuredOutputError, match=r"`minProperties` \(at \$\)"):
+        grammar_for_tools(parse_tools([tool]), "required")
+    del parameters["minProperties"]
+    with pytest.raises(StructuredOutputError, match=r"`multipleOf` \(at \$\.properties\.n\)"):
+        grammar_for_tools(parse_tools([tool]), "required")
+
+
+def test_keywords_the_grammar_writes_in_part_are_served() -> None:
+    parameters = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            "level": {"type": "number", "minimum": 0, "maximum": 1},
+            "either": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
+        },
+    }
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    assert grammar_for_tools(parse_tools([tool]), "required")  # the validator checks the rest
 
 
 def every_grammar(tools: tuple[ToolSpec, ...]) -> list[str | None]:
