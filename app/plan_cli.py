@@ -27,7 +27,15 @@ from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.family_quality import kv_priors_of, variant_qualities
 from hearthside.autotune.goals import RunQuality, quality_words
 from hearthside.autotune.memory import WeightPiece, pieces_from_gguf, pieces_from_spec
-from hearthside.autotune.planner import Goal, Plan, cpu_expert_layers, describe_slots, plan
+from hearthside.autotune.planner import (
+    Goal,
+    Plan,
+    cpu_expert_layers,
+    decode_limit_words,
+    describe_slots,
+    plan,
+    usability_verdict,
+)
 from hearthside.autotune.variants import (
     DEFAULT_MIN_DECODE_TPS,
     Variant,
@@ -43,8 +51,8 @@ from hearthside.core.models.spec import ModelSpec
 from hearthside.core.models.store import DB_FILE_NAME, DEFAULT_REF, ModelStore, registered_file
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.units import GIB
 
-GIB = 1024**3
 NOTHING_FITS = 3  # exit status: the plan says what would fit instead
 
 
@@ -278,13 +286,7 @@ def _variant_quality(outcome: VariantOutcome) -> str:
 
 def describe_plan(result: Plan) -> str:
     config = result.config
-    verdict = (
-        "fits"
-        if result.fits
-        else "streams from disk"
-        if result.streams_from_disk
-        else "does not fit"
-    )
+    verdict = usability_verdict(result)
     lines = [
         f"{printable(result.model)}: {verdict} (goal {result.goal}, {result.confidence})",
         f"Settings  GPU layers {'all' if config.n_gpu_layers == -1 else config.n_gpu_layers}"
@@ -296,7 +298,7 @@ def describe_plan(result: Plan) -> str:
         + f", KV {config.type_k}, flash attention {'on' if config.flash_attn else 'off'}, "
         f"context {config.n_ctx}",
         f"Speed     ~{result.speed.decode_tps:.1f} tok/s decode (bound by "
-        f"{result.speed.decode_bound_by}), ~{result.speed.prefill_tps:.0f} tok/s prefill, "
+        f"{decode_limit_words(result.speed)}), ~{result.speed.prefill_tps:.0f} tok/s prefill, "
         f"first token after a 512-token prompt in ~{result.speed.ttft_s:.1f} s",
         f"Slots     {describe_slots(result)}",
         "Memory    device     weights      KV  compute    used / usable",

@@ -26,12 +26,12 @@ from hearthside.autotune.planner import (
     DEFAULT_FREE_MARGIN_BYTES,
     KV_CHOICES,
     Plan,
-    human_bytes,
     plan,
 )
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.models.spec import ModelSpec
 from hearthside.core.probe.profile import HardwareProfile, MemoryInfo
+from hearthside.core.units import format_bytes
 
 MIN_CONTEXT = 512
 DEFAULT_UBATCH = EngineConfig("").n_ubatch
@@ -198,11 +198,11 @@ def describe_room(memory: MemoryInfo, margin: int) -> str:
     if limit is not None:
         room = max(0, limit - margin)
         return (
-            f"the {human_bytes(room)} this process may still use under its "
-            f"{human_bytes(limit)} memory limit"
+            f"the {format_bytes(room)} this process may still use under its "
+            f"{format_bytes(limit)} memory limit"
         )
     total = memory.total_bytes or 0
     return (
-        f"the {human_bytes(max(0, total - margin))} of RAM left after keeping "
-        f"{human_bytes(margin)} free for other programs"
+        f"the {format_bytes(max(0, total - margin))} of RAM left after keeping "
+        f"{format_bytes(margin)} free for other programs"
     )

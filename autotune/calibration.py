@@ -28,6 +28,7 @@ from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.units import GB, GIB
 from hearthside.kernels.engine_run import (
     CACHE_PROBE,
     CACHE_PROBE_TYPE,
@@ -50,8 +51,6 @@ from hearthside.kernels.results import (
 )
 
 log = logging.getLogger(__name__)
-GB = 1e9
-GIB = 1 << 30
 F32_BYTES = 4
 # A probe whose bytes (or weights) went this much slower than the shipped model's was starved
 # of CPU (see `_plausible`); K-quants measured ~0.8x of Q8_0 here.

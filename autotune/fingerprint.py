@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.units import GIB
 
-GIB = 1 << 30
 # Read from each end of a model file: enough to tell files apart without hashing gigabytes.
 _MODEL_SAMPLE_BYTES = 4 << 20
 

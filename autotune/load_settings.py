@@ -44,7 +44,7 @@ from hearthside.core.probe.profile import HardwareProfile
 
 Source = Literal["tuned", "planned", "engine defaults"]
 PLANNED_WHY = (
-    "Planned for this machine, not measured yet (`hearthside tune` or Optimize… measures it)."
+    "Planned for this machine, not measured yet (Optimize for my hardware measures it)."
 )
 
 

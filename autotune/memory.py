@@ -290,9 +290,16 @@ def _mapped_bytes(pieces: Sequence[WeightPiece], use_mmap: bool) -> int:
     return end - start + unlocated
 
 
+# llama.cpp refuses a file with a tensor name this long or longer (GGML_MAX_NAME), so only
+# this much of a name can ever be placed. A user's override pattern is any regex (`.*_exps`)
+# and the file's names can be 64 KiB: matching the prefix keeps each match short (issue 36).
+GGML_MAX_NAME = 64
+
+
 def device_of_piece(piece: WeightPiece, placement: LayerPlacement, config: EngineConfig) -> str:
+    name = piece.name[:GGML_MAX_NAME]
     for override in config.tensor_overrides:
-        if re.search(override.pattern, piece.name):
+        if re.search(override.pattern, name):
             return CPU if override.device.upper().startswith("CPU") else override.device
     if piece.layer is None:
         return CPU

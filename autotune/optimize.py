@@ -36,10 +36,11 @@ from hearthside.autotune.wisdom import Rigor, RunRecord, WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.errors import HearthsideError, ModelFileError
 from hearthside.core.models.catalog import catalog_entry, catalog_ids, catalog_spec
-from hearthside.core.models.store import ModelRecord, ModelStore, human_size
+from hearthside.core.models.store import ModelRecord, ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.serialize import from_jsonable, to_jsonable
+from hearthside.core.units import format_bytes
 from hearthside.kernels import calibrate as calibration_kernels
 from hearthside.kernels.calibrate import run_calibration
 from hearthside.kernels.results import CalibrationReport
@@ -149,7 +150,7 @@ def model_choices(profile: HardwareProfile, calibration: Mapping[str, float]) ->
 
 
 def _registered_choice(record: ModelRecord) -> ModelChoice:
-    parts = [human_size(record.size_bytes), record.quant, record.architecture]
+    parts = [format_bytes(record.size_bytes), record.quant, record.architecture]
     detail = " · ".join(part for part in parts if part)
     if record.is_default:
         detail += " · default"
@@ -384,12 +385,15 @@ def _chosen_reasons(result: TuneResult) -> list[Reason]:
             reasons.append(Reason(reason.setting, value, why.capitalize()))
     for field in MEASURED_FIELDS:
         if chosen.get(field) != planned.get(field):
-            why = f"Measured faster here than the planner's {planned.get(field)}."
+            pick = _shown_value(planned.get(field))
+            why = f"Measured faster here than the planner's pick ({pick})."
             reasons.append(Reason(field, _shown_value(chosen.get(field)), why))
     return reasons
 
 
 def _shown_value(value: Any) -> str:
+    if value is None:  # a thread count left to llama.cpp: one per core
+        return "automatic"
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)

@@ -55,9 +55,10 @@ from hearthside.autotune.memory import (
 )
 from hearthside.autotune.recipes import matching
 from hearthside.autotune.wisdom import Recipe
-from hearthside.core.engine.config import EngineConfig, TensorOverride
+from hearthside.core.engine.config import CHAT_CONTEXT, EngineConfig, TensorOverride
 from hearthside.core.models.spec import ModelSpec, TensorGroup
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
+from hearthside.core.units import GIB, MIB, format_bytes
 from hearthside.kernels.engine_run import base_type, experts_key, last_block_ffn
 from hearthside.kernels.synthetic_model import uniform_writable
 
@@ -65,8 +66,7 @@ PLAN_SCHEMA = 1
 Goal = Literal["fastest", "quality", "longest-context", "balanced"]
 GOALS: tuple[Goal, ...] = ("fastest", "quality", "longest-context", "balanced")
 Confidence = Literal["estimated", "calibrated", "measured"]
-GIB = 1 << 30
-DEFAULT_CONTEXT = 8192
+DEFAULT_CONTEXT = CHAT_CONTEXT  # what a chat runs, unless the goal asks for longer
 MIN_CONTEXT = 2048
 DEFAULT_FREE_MARGIN_BYTES = 2 * GIB  # "keep this much free for my other apps"
 GPU_RUNTIME_BYTES = 512 * 1024 * 1024  # CUDA/ROCm context and driver allocations per GPU
@@ -97,7 +97,6 @@ KV_CHOICES = ("f16", "q8_0", "q4_0")
 # Slots the planner gives a model unless asked: the window's chat and a few API clients (an
 # editor, an agent) answered together rather than one after another.
 DEFAULT_PARALLEL = 4
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -434,7 +433,7 @@ def _add_slots(
             why = (
                 f"{slots} requests at once — this window and API clients — each with its own "
                 f"{config.n_ctx}-token context: the KV cache holds {slots} × {config.n_ctx} "
-                f"tokens ({human_bytes(kv)}), which fits beside the rest with the margin. "
+                f"tokens ({format_bytes(kv)}), which fits beside the rest with the margin. "
                 "Further requests wait their turn."
             )
             return tried, Reason("n_parallel", str(slots), why)
@@ -442,7 +441,7 @@ def _add_slots(
     worst = min(tried.devices, key=lambda device: device.free_bytes)
     why = (
         f"One request at a time: a second slot's KV cache would need "
-        f"{human_bytes(-worst.free_bytes)} more on {worst.device} than the margin leaves, and "
+        f"{format_bytes(-worst.free_bytes)} more on {worst.device} than the margin leaves, and "
         "the planner does not shorten the context, quantize the KV cache or move layers off "
         "the GPU to make room for slots. Other requests wait their turn (--parallel asks for "
         "more)."
@@ -482,15 +481,8 @@ def describe_slots(result: Plan) -> str:
     requests = "1 request" if slots == 1 else f"{slots} parallel requests"
     return (
         f"{requests} × {config.n_ctx} tokens: KV cache for {config.total_context} tokens, "
-        f"{human_bytes(result.kv_bytes)}"
+        f"{format_bytes(result.kv_bytes)}"
     )
-
-
-def human_bytes(size_bytes: int) -> str:
-    """Binary units, as memory is counted: 412 MiB, 7.5 GiB."""
-    if size_bytes >= GIB:
-        return f"{size_bytes / GIB:.1f} GiB"
-    return f"{size_bytes / MIB:.0f} MiB"
 
 
 def describe_machine(profile: HardwareProfile, calibration: dict[str, float]) -> Machine:
@@ -542,7 +534,7 @@ def _contexts(spec: ModelSpec, goal: Goal, n_ctx: int | None) -> list[int]:
             sizes.append(size)
             size //= 2
         return sizes or [trained]
-    return sorted({min(trained, DEFAULT_CONTEXT), min(trained, MIN_CONTEXT * 2)}, reverse=True)
+    return sorted({min(trained, DEFAULT_CONTEXT), min(trained, MIN_CONTEXT)}, reverse=True)
 
 
 def _configs(
@@ -700,8 +692,8 @@ def _repacked_block(
     room = max(0, cpu.free_bytes + cpu.weights_bytes)
     return (
         f"This CPU's llama.cpp repacks {types} weights into a faster layout at load: "
-        f"{human_bytes(pinned_bytes)} of them, in anonymous memory that cannot be streamed from "
-        f"the file, more than the {human_bytes(room)} of RAM left beside the KV cache and "
+        f"{format_bytes(pinned_bytes)} of them, in anonymous memory that cannot be streamed from "
+        f"the file, more than the {format_bytes(room)} of RAM left beside the KV cache and "
         "compute buffers, so the model cannot stream from disk either."
     )
 
@@ -1066,18 +1058,21 @@ def _peak_flops(machine: Machine, device: str) -> float:
 def _score(
     candidate: Candidate, goal: Goal, kv_priors: Mapping[str, RunQuality] | None = None
 ) -> tuple[float, ...]:
+    """Higher is better. A quantized KV cache ranks below a finer one that fits the same
+    context: its predicted speed gain is a prediction until the tuner measures it, and its cost
+    to the answers is real. Beyond the quality budget only when nothing within it fits."""
     config = candidate.config
     kv_quality = {"f16": 2, "q8_0": 1, "q4_0": 0}[config.type_k]
     fits = 1.0 if candidate.fits else 0.0
+    within = 1.0 if kv_prior(config.type_k, kv_priors).mean_kld <= KLD_BUDGET else 0.0
+    decode = candidate.speed.decode_tps
     if goal == "longest-context":
-        return (fits, config.n_ctx, kv_quality, candidate.speed.decode_tps)
-    if goal == "fastest":  # within the quality budget unless nothing within it fits
-        within = 1.0 if kv_prior(config.type_k, kv_priors).mean_kld <= KLD_BUDGET else 0.0
-        return (fits, within, candidate.speed.decode_tps, kv_quality, config.n_ctx)
+        return (fits, config.n_ctx, kv_quality, decode)
     if goal == "quality":
-        return (fits, kv_quality, candidate.speed.decode_tps, config.n_ctx)
-    # balanced: the default context; a finer KV cache is worth 10% of speed per step
-    return (fits, config.n_ctx, candidate.speed.decode_tps * (1 + 0.1 * kv_quality))
+        return (fits, kv_quality, config.n_ctx, decode)
+    # fastest and balanced: the chat's context, within the quality budget; a shorter context
+    # only where it does not fit (the context is the user's, not a speed lever)
+    return (fits, within, config.n_ctx, kv_quality, decode)
 
 
 def _reasons(
@@ -1142,14 +1137,20 @@ def _reasons(
 
 def _kv_reason(kv_type: str, kv_priors: Mapping[str, RunQuality] | None) -> Reason:
     if kv_type == "f16":
-        return Reason("type_k/type_v", kv_type, "Full-precision KV cache fits.")
+        return Reason("type_k/type_v", kv_type, "Full-precision KV cache: it fits.")
     quality = kv_prior(kv_type, kv_priors)
-    until = "" if quality.measured else " — `hearthside tune` measures it on this model"
+    until = "" if quality.measured else "; measuring this model (Optimize) replaces the prior"
+    beyond = (
+        " Nothing within the quality budget fits this context."
+        if quality.mean_kld > KLD_BUDGET
+        else ""
+    )
     return Reason(
         "type_k/type_v",
         kv_type,
-        f"A {kv_type} KV cache makes this context fit (or run faster). What it does to the "
-        f"answers: {kv_quality_text(kv_type, quality)}; the budget is {KLD_BUDGET}{until}.",
+        f"A finer KV cache does not fit this context in memory; a {kv_type} one does.{beyond} "
+        f"What it does to the answers: {kv_quality_text(kv_type, quality)} (budget "
+        f"{KLD_BUDGET}){until}.",
     )
 
 
@@ -1158,15 +1159,15 @@ def _streaming_reason(spec: ModelSpec, machine: Machine, best: Candidate) -> Rea
     speed = best.speed
     cpu = next(d for d in best.devices if d.device == CPU)
     kept = (
-        f"About {human_bytes(speed.resident_weights_bytes)} of the "
-        f"{human_bytes(cpu.weights_bytes)} of weights stay in RAM"
+        f"About {format_bytes(speed.resident_weights_bytes)} of the "
+        f"{format_bytes(cpu.weights_bytes)} of weights stay in RAM"
     )
-    from_disk = human_bytes(speed.disk_read_bytes_per_token)
+    from_disk = format_bytes(speed.disk_read_bytes_per_token)
     if speed.resident_weights_bytes <= speed.pinned_weights_bytes:
         room = cpu.capacity_bytes - (cpu.used_bytes - cpu.weights_bytes)
         room = max(0, room - speed.pinned_weights_bytes)
         kept = (
-            f"A token reads {from_disk} of weights, more than the {human_bytes(room)} of RAM "
+            f"A token reads {from_disk} of weights, more than the {format_bytes(room)} of RAM "
             "left for them, so the page cache evicts each page before the next token needs it "
             "again and none stay: all of it is read from disk each token"
         )
@@ -1209,23 +1210,23 @@ def _read_around_text(spec: ModelSpec, machine: Machine, speed: SpeedEstimate) -
 
 
 def _small_bytes(size_bytes: int) -> str:
-    return f"{size_bytes // 1024} KiB" if size_bytes < MIB else human_bytes(size_bytes)
+    return f"{size_bytes // 1024} KiB" if size_bytes < MIB else format_bytes(size_bytes)
 
 
 def _pinned_text(speed: SpeedEstimate) -> str:
     if not speed.pinned_weights_bytes:
         return ""
     return (
-        f" (the {human_bytes(speed.pinned_weights_bytes)} of repacked weights stay in any case: "
+        f" (the {format_bytes(speed.pinned_weights_bytes)} of repacked weights stay in any case: "
         "they live in anonymous memory, not in the file)"
     )
 
 
 def _decode_bound_reason(machine: Machine, speed: SpeedEstimate) -> Reason:
     """What bounds generation, in words: the plan page's and `hearthside plan`'s line."""
-    tier, read = speed.decode_bound_by, human_bytes(int(speed.decode_read_bytes_per_token))
+    tier, read = speed.decode_bound_by, format_bytes(int(speed.decode_read_bytes_per_token))
     if speed.decode_limit == "cache":
-        cache = human_bytes(machine.cpu_cache_bytes or 0)
+        cache = format_bytes(machine.cpu_cache_bytes or 0)
         why = (
             f"Generation is limited by the CPU's compute, not its memory bandwidth: the {read} "
             f"of weights each token reads fit in its {cache} L3 cache, so they are read from "
@@ -1257,6 +1258,40 @@ def _decode_bound_reason(machine: Machine, speed: SpeedEstimate) -> Reason:
         f"{where} (~{bandwidth:.0f} GB/s)."
     )
     return Reason("decode", "memory-bandwidth-bound", why)
+
+
+# Below this a reply comes slower than people read (~5 words a second); a first answer after
+# this long feels broken. Either makes a plan that fits "slow here".
+SLOW_DECODE_TPS = 5.0
+SLOW_FIRST_ANSWER_S = 20.0
+
+
+def usability_verdict(result: Plan) -> str:
+    """The plan's verdict in words a person acts on: whether it fits, and whether it is usable
+    ("fits, but slow here (~2.4 tok/s; first answer after ~104 s)")."""
+    if not result.fits:
+        return "streams from disk" if result.streams_from_disk else "does not fit"
+    speed = result.speed
+    if speed.decode_tps >= SLOW_DECODE_TPS and speed.ttft_s <= SLOW_FIRST_ANSWER_S:
+        return "fits"
+    return (
+        f"fits, but slow here (~{speed.decode_tps:.1f} tok/s; first answer after "
+        f"~{speed.ttft_s:.0f} s)"
+    )
+
+
+def is_slow(result: Plan) -> bool:
+    return usability_verdict(result).startswith("fits, but slow")
+
+
+def decode_limit_words(speed: SpeedEstimate) -> str:
+    """What bounds generation, in the same words as the plan's "decode" reason."""
+    words = {
+        "cache": "compute (weights in the CPU cache)",
+        "compute": "compute",
+        "disk": "the disk",
+    }
+    return words.get(speed.decode_limit, "memory bandwidth")
 
 
 def decode_bound_text(result: Plan) -> str:

@@ -43,9 +43,9 @@ from hearthside.core.models.catalog import catalog_ids, catalog_spec
 from hearthside.core.models.spec import ModelSpec
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
 from hearthside.core.probe.spec import ClusterSpec
+from hearthside.core.units import GIB, format_bytes
 
 SERVING_SCHEMA = 1
-GIB = 1 << 30
 DEDICATED_GPU_MEMORY_UTILIZATION = 0.90  # vLLM's default
 # A unified-memory GPU shares its memory with the OS, the page cache and Ray's CPU processes.
 UNIFIED_GPU_MEMORY_UTILIZATION = 0.80
@@ -745,10 +745,6 @@ def _reasons(facts: _Facts) -> list[Reason]:
     ]
 
 
-def _gib(value: float) -> str:
-    return f"{value / GIB:.1f} GiB"
-
-
 def _checkpoint_reason(facts: _Facts) -> Reason:
     fmt, spec = facts.layout.format, facts.spec
     gpu = reference_gpu(facts.cluster)
@@ -776,7 +772,7 @@ def _checkpoint_reason(facts: _Facts) -> Reason:
     return Reason(
         "checkpoint",
         f"{fmt.description}: {facts.layout.checkpoint}",
-        f"{why} Weights: {_gib(total)} in all.{where}",
+        f"{why} Weights: {format_bytes(total)} in all.{where}",
     )
 
 
@@ -976,8 +972,9 @@ def _nothing_fits_advice(spec: ModelSpec, cluster: ClusterSpec, utilization: flo
     )
     return [
         f"{spec.name} does not fit on {describe_cluster(cluster)}: even its smallest checkpoint "
-        f"needs ~{_gib(smallest)} of weights plus {MIN_MODEL_LEN} tokens of KV cache, and vLLM "
-        f"can use {_gib(usable)} of GPU memory in all.",
+        f"needs ~{format_bytes(smallest)} of weights plus {MIN_MODEL_LEN} tokens of KV cache, "
+        "and vLLM "
+        f"can use {format_bytes(usable)} of GPU memory in all.",
         f"Add nodes (about {math.ceil(smallest * 1.25 / max(usable, 1) * cluster.nodes)} of "
         "these), pick a smaller model, or run a GGUF quant with llama.cpp, which can keep "
         "part of the model in system RAM.",

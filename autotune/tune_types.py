@@ -48,7 +48,7 @@ def measure_missing_types(
         return []
     names = ", ".join(wanted)
     if db.latest_calibration(fingerprint) is None:
-        why = "not measured: this machine is not calibrated (`hearthside calibrate`)"
+        why = "not measured: this machine is not calibrated yet"
         return [PhaseNote("types", f"{names} {why}, so their costs are estimated")]
     allotted_s = clock.types_end - clock.now()
     needed_s = MIN_TYPE_S * len(wanted)

@@ -87,7 +87,12 @@ from hearthside.autotune.tune_quality import (
 from hearthside.autotune.tune_types import measure_missing_types
 from hearthside.autotune.wisdom import Outcome, Rigor, RunRecord, WisdomDB, config_key
 from hearthside.core.engine.bench import measure_verify_cost, run_bench
-from hearthside.core.engine.config import EngineConfig, SamplingParams, SpeculativeConfig
+from hearthside.core.engine.config import (
+    CHAT_CONTEXT,
+    EngineConfig,
+    SamplingParams,
+    SpeculativeConfig,
+)
 from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.speculative import SpeculationStats, merge_stats
 from hearthside.core.engine.worker_engine import WorkerEngine
@@ -111,7 +116,7 @@ class BenchSize:
 
 QUICK = BenchSize(n_prompt=128, n_gen=32, repetitions=3, warmup_s=0.3)
 THOROUGH = BenchSize(n_prompt=512, n_gen=128, repetitions=5, warmup_s=1.0)
-TUNING_CONTEXT = 2048
+TUNING_CONTEXT = CHAT_CONTEXT  # measured at the context a chat runs, so Apply keeps it
 OOM_RETRY_FREE_RATIO = 1.5  # an out-of-memory load is tried again with this much more free
 
 

@@ -125,7 +125,7 @@ def measure_type_costs(
     costs = machine.cpu_costs("decode")
     wanted = unmeasured_types(type_names, figures)
     if stored is None or not costs.per_unit:
-        why = "not measured: calibrate first (`hearthside calibrate`), then measure types"
+        why = "not measured: measure this machine first, then its weight types"
         return [TypeCost(t, None, note=why) for t in wanted]
     plans = [_TypePlan(t, costs.nearest(t)) for t in wanted]
     results = [

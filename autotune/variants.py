@@ -54,12 +54,12 @@ from hearthside.autotune.planner import (
 from hearthside.core.models.descriptor import QUANT_PROFILES, QuantProfile
 from hearthside.core.models.spec import LayerSpec, ModelSpec, TensorGroup
 from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.units import GIB
 
 DEFAULT_MIN_DECODE_TPS = 10.0  # a reply reads at about this pace; slower feels like waiting
 BALANCED_MIN_BITS = 4.3  # IQ4_XS and above: the 4-bit class, where quality loss stays small
 # What Hearthside offers to make by re-quantizing a higher-bit file (core/models/quantize.py).
 MAKEABLE_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
-GIB = 1 << 30
 KV_QUALITY = {"f16": 2, "q8_0": 1, "q4_0": 0}
 
 

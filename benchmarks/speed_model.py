@@ -1,27 +1,32 @@
-"""Predicted against measured speed, after calibrating this machine: a fitted set and a
-held-out set, reported apart.
+"""Predicted against measured speed, after calibrating this machine: three sets, reported
+apart, by how much each one shaped the speed model.
 
 1. Calibrate (the kernels, the shipped model and the speed probes on the engine).
 2. (a) The fitted set: what the calibration's fit used or probed: the shipped Gemma 3 270M
    Q4_K_M, its Q8_0 and Q4_0 re-quantizations and synthetic llama models of ~0.5B and ~1.5B
    in Q4_0 (probed types, the probes' architecture).
-   (b) The held-out set, never used in fitting or in choosing the probes: SmolLM2 135M
-   Instruct Q4_1 (the default chat model), Gemma 3 270M re-quantized to IQ4_XS, Q5_1 and
-   Q2_K (its 640-wide rows fall back to Q4_0/Q5_0/Q3_K, so a uniform synthetic Q2_K model
-   of ~0.5B stands for the type), and two synthetic architectures the calibration never
-   ran: qwen3moe (Q8_0) and gpt-oss (MXFP4).
+   (b) The design set: never in the fit, but looked at while the model was designed, so its
+   misses shaped it (the cache probe was sized after SmolLM2 was predicted at 0.72-0.77):
+   SmolLM2 135M Instruct Q4_1 (the default chat model), Gemma 3 270M re-quantized to IQ4_XS,
+   Q5_1 and Q2_K (its 640-wide rows fall back to Q4_0/Q5_0/Q3_K, so a uniform synthetic Q2_K
+   model of ~0.5B stands for the type), and synthetic qwen3moe (Q8_0) and gpt-oss (MXFP4).
+   (c) The unseen set (`--unseen`), never predicted before this benchmark existed: the models
+   people run, in real shapes with random weights: Llama 3.1 8B Q4_K_M (~4.9 GB), Qwen3 30B-A3B
+   Q2_K (~11 GB, 128 experts, 8 active) and a DeepSeek-V2-Lite-sized latent-attention MoE
+   (deepseek2, an architecture the model had never predicted) in Q4_0. They are GBs each, so
+   each is loaded alone and measured in its own rounds.
 3. Each model's types that the calibration did not measure are first predicted "estimated
    from <type>"; then measured on demand (`autotune/type_costs.py`, what
    `hearthside plan --measure-types` runs) and predicted again.
-4. Every model is measured llama-bench style (tg64, pp128), all in interleaved rounds, and
-   each prediction compared with the median round.
+4. Every model is measured llama-bench style (tg64, pp128); sets (a) and (b) in interleaved
+   rounds, and each prediction compared with the median round.
 
     .venv/bin/python benchmarks/speed_model.py [--json] [--rounds N] [--save RUN.json]
-        [--probe-mib N] [--no-measure-types] [--use-my-data]
+        [--probe-mib N] [--no-measure-types] [--use-my-data] [--unseen | --only-unseen]
 
 Runs on a fresh data folder (the calibration stored nowhere of yours) unless `--use-my-data`.
-Target: every prediction within ±20% of the measurement (aim ±15% held out), per set, for
-decode and prefill: the worst |predicted / measured - 1| at most 0.20; exit status 1 on a miss.
+Target: every prediction within ±20% of the measurement, per set, for decode and prefill: the
+worst |predicted / measured - 1| at most 0.20; exit status 1 on a miss.
 Decode is compared at an empty context (`decode_tps_empty_context`), which is what tgN
 measures, and prefill at the 128-token prompt measured (`SpeedEstimate.prefill_tps_at`)."""
 
@@ -76,7 +81,7 @@ from hearthside.kernels.synthetic_model import (
 
 FITTED_VARIANTS = {"Q8_0": 7, "Q4_0": 2}  # llama_ftype values
 # IQ4_XS needs no importance matrix (llama.cpp asks one for IQ2_*, IQ1_* and Q2_K_S only)
-HELD_OUT_VARIANTS = {"IQ4_XS": 30, "Q5_1": 9, "Q2_K": 10}
+DESIGN_VARIANTS = {"IQ4_XS": 30, "Q5_1": 9, "Q2_K": 10}
 # gpt-oss as it ships, in miniature: MXFP4 weights, alternating window, sinks, 32 experts
 GPT_OSS = SyntheticShape(
     "gpt-oss",
@@ -97,6 +102,11 @@ CONTEXT = 2048
 TOLERANCE = 0.20
 SHIPPED = "gemma-270m Q4_K_M"
 N_PROMPT, N_GEN = 128, 64
+SETS = {
+    "fitted": "(a) fitted set: the shipped model, models of the probed types",
+    "design": "(b) design set: never fitted, but its misses shaped the model",
+    "unseen": "(c) unseen set: real shapes never predicted before (each measured alone)",
+}
 
 
 def quantized(source: Path, folder: Path, name: str, ftype: int) -> Path:
@@ -119,9 +129,9 @@ def fitted_models(shipped: Path, folder: Path) -> dict[str, Path]:
     return found
 
 
-def held_out_models(shipped: Path, chat_model: Path, folder: Path) -> dict[str, Path]:
+def design_models(shipped: Path, chat_model: Path, folder: Path) -> dict[str, Path]:
     found = {"smollm2-135m Q4_1": chat_model}
-    for name, ftype in HELD_OUT_VARIANTS.items():
+    for name, ftype in DESIGN_VARIANTS.items():
         found[f"gemma-270m {name}"] = quantized(shipped, folder, name, ftype)
     # Gemma's 640-wide rows do not fill Q2_K's 256-weight blocks: its "Q2_K" holds Q4_0,
     # Q5_0 and Q3_K only, so a uniform Q2_K model stands for the type itself
@@ -135,6 +145,19 @@ def held_out_models(shipped: Path, chat_model: Path, folder: Path) -> dict[str, 
     return found
 
 
+UNSEEN = {  # name: (shape, quant)
+    "llama-3.1-8b Q4_K_M": ("llama-3.1-8b", "Q4_K_M"),
+    "qwen3-30b-a3b Q2_K": ("qwen3-30b-a3b", "Q2_K"),
+    "deepseek2-16b Q4_0": ("deepseek2-16b", "Q4_0"),
+}
+
+
+def unseen_model(name: str, folder: Path) -> Path:
+    shape, quant = UNSEEN[name]
+    _say(f"writing {name} (random weights in its real shape) …")
+    return write_synthetic_gguf(folder / f"{shape}-{quant}.gguf", shape, quant)
+
+
 def measured_type_figures(
     report: CalibrationReport,
     profile: HardwareProfile,
@@ -142,7 +165,7 @@ def measured_type_figures(
     folder: Path,
     probe_mib: int | None,
 ) -> dict[str, float]:
-    """The calibration's figures with the held-out models' unmeasured types measured on
+    """The calibration's figures with the design models' unmeasured types measured on
     demand, as `hearthside plan --measure-types` would (in a private autotune DB)."""
     types = sorted({t for path in paths for t in model_weight_types(_pieces(path))})
     with WisdomDB(folder / "wisdom.db") as wisdom:
@@ -215,7 +238,7 @@ def measure_interleaved(engines: dict[str, Engine], rounds: int) -> dict[str, tu
 def targets_of(rows: list[dict[str, Any]]) -> list[Target]:
     """Per set and phase, the worst prediction's distance from its measurement (a set that
     `--only` left empty has no target)."""
-    groups = [group for group in ("fitted", "held-out") if any(r["set"] == group for r in rows)]
+    groups = [group for group in SETS if any(r["set"] == group for r in rows)]
     return [
         Target(f"{group} set: worst {kind} |predicted / measured - 1|",
                max(abs(row[f"{kind}_ratio"] - 1) for row in rows if row["set"] == group),
@@ -257,7 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-measure-types",
         action="store_true",
-        help="predict the held-out models' unmeasured types from the measured ones only",
+        help="predict the design and unseen models' unmeasured types from the measured ones only",
+    )
+    parser.add_argument(
+        "--unseen",
+        action="store_true",
+        help="also the unseen set: an 8B, a 30B-A3B MoE and a latent-attention MoE in real "
+        "shapes (~25 GB written to a temporary folder, each measured alone; tens of minutes)",
+    )
+    parser.add_argument(
+        "--only-unseen", action="store_true", help="the unseen set alone (after calibrating)"
     )
     add_data_option(parser)
     args = parser.parse_args(argv)
@@ -284,45 +316,37 @@ def run(args: argparse.Namespace, shipped: Path, chat_model: Path) -> int:
     report = _calibration(args.calibration, shipped, profile)
     figures = planner_figures(report)
     _say(f"calibration took {report.duration_s:.1f} s: {figures}")
-    fitted = fitted_models(shipped, folder)
-    held_out = held_out_models(shipped, chat_model, folder)
+    fitted, design = {}, {}
+    if not args.only_unseen:
+        fitted = fitted_models(shipped, folder)
+        design = design_models(shipped, chat_model, folder)
     if args.only:
-        fitted, held_out = (_named(found, args.only.split(",")) for found in (fitted, held_out))
-    typed = figures
-    if not args.no_measure_types:
-        typed = measured_type_figures(report, profile, held_out.values(), folder, args.probe_mib)
+        fitted, design = (_named(found, args.only.split(",")) for found in (fitted, design))
+    unseen = list(UNSEEN) if args.unseen or args.only_unseen else []
     rows: list[dict[str, Any]] = []
     engines: dict[str, Engine] = {}
+    measured: dict[str, tuple[float, float]] = {}
     try:
-        for group, found in (("fitted", fitted), ("held-out", held_out)):
-            for name, path in found.items():
-                estimated = planned(path, profile, figures)
-                result = planned(path, profile, typed)
-                rows.append(
-                    {
-                        "model": name,
-                        "set": group,
-                        "costs": cost_sources(path, profile, result, typed),
-                        "estimated_costs": cost_sources(path, profile, estimated, figures),
-                        "decode_predicted": result.speed.decode_tps_empty_context,
-                        "prefill_predicted": result.speed.prefill_tps_at(N_PROMPT),
-                        "decode_estimated": estimated.speed.decode_tps_empty_context,
-                        "prefill_estimated": estimated.speed.prefill_tps_at(N_PROMPT),
-                    }
+        if fitted or design:
+            typed = figures
+            if not args.no_measure_types:
+                typed = measured_type_figures(
+                    report, profile, design.values(), folder, args.probe_mib
                 )
-                config = EngineConfig(
-                    str(path),
-                    n_ctx=CONTEXT,
-                    n_threads=result.config.n_threads,
-                    flash_attn=result.config.flash_attn,
-                )
-                engines[name] = Engine(config)
+            for group, found in (("fitted", fitted), ("design", design)):
+                for name, path in found.items():
+                    rows.append(predicted_row(name, group, path, profile, figures, typed))
+                    engines[name] = Engine(measuring_config(path, profile, typed))
         ram_before = ram_read_gb_s(profile)
-        measured = measure_interleaved(engines, args.rounds)
-        ram_after = ram_read_gb_s(profile)
+        if engines:
+            measured = measure_interleaved(engines, args.rounds)
     finally:
         for engine in engines.values():
             engine.close()
+    for name in unseen:
+        rows.append(measure_alone(name, folder, report, profile, figures, args))
+        measured[name] = (rows[-1].pop("decode_alone"), rows[-1].pop("prefill_alone"))
+    ram_after = ram_read_gb_s(profile)
     for row in rows:
         _compare(row, *measured[row["model"]])
         _say(str(row))
@@ -333,7 +357,8 @@ def run(args: argparse.Namespace, shipped: Path, chat_model: Path) -> int:
             if row["set"] == group
             for key in ("decode_ratio", "prefill_ratio")
         )
-        for group in ("fitted", "held-out")
+        for group in SETS
+        if any(row["set"] == group for row in rows)
     }
     ram = {
         "calibration": round(figures.get("cpu_read_bytes_per_s", 0) / 1e9, 1),
@@ -345,7 +370,7 @@ def run(args: argparse.Namespace, shipped: Path, chat_model: Path) -> int:
         args.save.write_text(json.dumps(saved))
     if args.json:
         document = {
-            "calibration": typed,
+            "calibration": figures,
             "rows": rows,
             "ram_read_gb_s": ram,
             "within_20_percent": within,
@@ -354,6 +379,64 @@ def run(args: argparse.Namespace, shipped: Path, chat_model: Path) -> int:
     else:
         _print_tables(report, rows, ram, within)
     return report_targets(targets_of(rows), sys.stderr if args.json else sys.stdout)
+
+
+def predicted_row(
+    name: str,
+    group: str,
+    path: Path,
+    profile: HardwareProfile,
+    figures: dict[str, float],
+    typed: dict[str, float],
+) -> dict[str, Any]:
+    estimated = planned(path, profile, figures)
+    result = planned(path, profile, typed)
+    return {
+        "model": name,
+        "set": group,
+        "costs": cost_sources(path, profile, result, typed),
+        "estimated_costs": cost_sources(path, profile, estimated, figures),
+        "decode_predicted": result.speed.decode_tps_empty_context,
+        "prefill_predicted": result.speed.prefill_tps_at(N_PROMPT),
+        "decode_estimated": estimated.speed.decode_tps_empty_context,
+        "prefill_estimated": estimated.speed.prefill_tps_at(N_PROMPT),
+    }
+
+
+def measuring_config(path: Path, profile: HardwareProfile, typed: dict[str, float]) -> EngineConfig:
+    result = planned(path, profile, typed)
+    return EngineConfig(
+        str(path),
+        n_ctx=CONTEXT,
+        n_threads=result.config.n_threads,
+        flash_attn=result.config.flash_attn,
+    )
+
+
+def measure_alone(
+    name: str,
+    folder: Path,
+    report: CalibrationReport,
+    profile: HardwareProfile,
+    figures: dict[str, float],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """An unseen model: written, its types measured if the calibration lacks them, predicted,
+    then loaded alone and measured in its own rounds, and deleted (they are GBs each)."""
+    path = unseen_model(name, folder)
+    try:
+        typed = figures
+        if not args.no_measure_types:
+            typed = measured_type_figures(report, profile, [path], folder, args.probe_mib)
+        row = predicted_row(name, "unseen", path, profile, figures, typed)
+        engine = Engine(measuring_config(path, profile, typed))
+        try:
+            decode, prefill = measure_interleaved({name: engine}, args.rounds)[name]
+        finally:
+            engine.close()
+    finally:
+        path.unlink(missing_ok=True)
+    return {**row, "decode_alone": decode, "prefill_alone": prefill}
 
 
 def _compare(row: dict[str, Any], decode: float, prefill: float) -> None:
@@ -377,10 +460,7 @@ def _print_tables(
         f"before and {ram['after_rounds']} after the measured rounds (a shared machine's "
         "neighbours change it; every ratio below carries that change)"
     )
-    titles = {
-        "fitted": "(a) fitted set: the shipped model, models of the probed types",
-        "held-out": "(b) held-out set: never used in fitting or in choosing the probes",
-    }
+    titles = {group: title for group, title in SETS.items() if group in within}
     for group, title in titles.items():
         print(f"\n{title}")
         print(

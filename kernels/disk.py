@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from hearthside.core.units import MIB
 from hearthside.kernels.measurement import Measurement, measure_until_stable
 
-MIB = 1024 * 1024
 FILE_BYTES = 256 * MIB
 QUICK_FILE_BYTES = 64 * MIB
 READ_BLOCK_BYTES = 1 * MIB  # small enough that copying a cached block out stays in the CPU cache

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from hearthside.core.units import MIB
 from hearthside.kernels.matmul import (
     GPU_SHAPES,
     TORCH_GPU_DTYPES,
@@ -42,7 +43,6 @@ from hearthside.kernels.transfer import (
     measure_transfer,
 )
 
-MIB = 1024 * 1024
 GPU_ARRAY_BYTES = 1024 * MIB
 QUICK_GPU_ARRAY_BYTES = 256 * MIB
 MIN_GPU_ARRAY_BYTES = 64 * MIB

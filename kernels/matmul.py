@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from hearthside.core.units import MIB
 from hearthside.kernels.measurement import Measurement, Samples, measure_until_stable, timed_s
 from hearthside.kernels.torch_support import (
     TorchDevice,
@@ -28,7 +29,6 @@ from hearthside.kernels.torch_support import (
     seconds_per_call,
 )
 
-MIB = 1024 * 1024
 NUMPY_DTYPES = ("fp32", "fp64")
 TORCH_CPU_DTYPES = ("fp32", "bf16", "fp16", "int8")
 TORCH_GPU_DTYPES = ("fp32", "tf32", "fp16", "bf16", "int8")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hearthside.core.units import MIB
 from hearthside.kernels.measurement import (
     SKIPPED_NOTE,
     Budget,
@@ -27,7 +28,6 @@ from hearthside.kernels.measurement import (
     timed_s,
 )
 
-MIB = 1024 * 1024
 ARRAY_BYTES_FLOOR = 256 * MIB
 QUICK_ARRAY_BYTES_FLOOR = 64 * MIB
 CACHE_MULTIPLE = 4  # arrays this many times the L3 cache leave nothing of the last pass there

@@ -157,6 +157,45 @@ SHAPES: dict[str, SyntheticShape] = {
         n_expert_used=4,
         n_ff_expert=512,
     ),
+    # The models people really run (config.json of each), for the realistic-model benchmark.
+    "llama-3.1-8b": SyntheticShape(
+        "llama", 32, 4096, 32, 8, 14336, n_vocab=128256, context_length=131072
+    ),
+    "qwen3-30b-a3b": SyntheticShape(
+        "qwen3moe",
+        48,
+        2048,
+        32,
+        4,
+        6144,
+        n_vocab=151936,
+        head_dim=128,
+        n_expert=128,
+        n_expert_used=8,
+        n_ff_expert=768,
+        context_length=40960,
+    ),
+    # DeepSeek-V2-Lite's widths with V3's query compression: latent attention at a size people run
+    "deepseek2-16b": SyntheticShape(
+        "deepseek2",
+        27,
+        2048,
+        16,
+        16,
+        10944,
+        n_vocab=102400,
+        head_dim=192,
+        head_dim_v=128,
+        n_expert=64,
+        n_expert_used=6,
+        n_ff_expert=1408,
+        n_expert_shared=2,
+        n_layer_dense_lead=1,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        rope_dim=64,
+        context_length=32768,
+    ),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hearthside.core.units import MIB
 from hearthside.kernels.measurement import Measurement, Samples, measure_until_stable
 from hearthside.kernels.torch_support import (
     TorchDevice,
@@ -20,7 +21,6 @@ from hearthside.kernels.torch_support import (
     seconds_per_call,
 )
 
-MIB = 1024 * 1024
 TRANSFER_BYTES = 256 * MIB
 QUICK_TRANSFER_BYTES = 64 * MIB
 DIRECTIONS = ("h2d", "d2h")

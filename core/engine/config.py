@@ -54,6 +54,11 @@ def logical_core_count() -> int:
     return os.cpu_count() or 1
 
 
+# The context a conversation gets unless the user sets another: the chat, `plan`, the tuner
+# and Apply all use this one figure, so what a plan promises is what a chat runs.
+CHAT_CONTEXT = 4096
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding: cheap guesses that the model verifies in one batch.
@@ -126,7 +131,7 @@ class EngineConfig:
     """How to load one model. Defaults suit a CPU-only machine."""
 
     model_path: str
-    n_ctx: int = 4096  # per conversation: each of the n_parallel slots gets this many tokens
+    n_ctx: int = CHAT_CONTEXT  # per conversation: each of the n_parallel slots gets this many tokens
     n_batch: int = 512
     n_ubatch: int = 512
     n_threads: int | None = None  # None: physical cores

@@ -83,7 +83,7 @@ def test_a_model_bigger_than_memory_is_planned_to_stream_from_disk(
     code = main(["plan", "deepseek-v3", "--hardware-spec", str(hardware), "--ctx", "4096"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "streams from disk" in out and "bound by disk" in out
+    assert "streams from disk" in out and "bound by the disk" in out
     assert "Advice" in out
 
 
@@ -147,7 +147,7 @@ def test_the_plan_prints_its_slots_and_their_kv_cache(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     hardware = what_if(tmp_path, gpus=[{"model": "rtx-3090"}], memory_gb=32)
-    assert main(["plan", "llama-3.1-8b", "--hardware-spec", hardware]) == 0
+    assert main(["plan", "llama-3.1-8b", "--hardware-spec", hardware, "--ctx", "8192"]) == 0
     text = capsys.readouterr().out
     slots = next(line for line in text.splitlines() if line.startswith("Slots "))
     assert slots.startswith(
@@ -156,7 +156,7 @@ def test_the_plan_prints_its_slots_and_their_kv_cache(
     assert slots.endswith(" GiB")
     assert "Why       n_parallel = 4: 4 requests at once" in text
 
-    assert main(["plan", "llama-3.1-8b", "--hardware-spec", hardware, "--json"]) == 0
+    assert main(["plan", "llama-3.1-8b", "--hardware-spec", hardware, "--ctx", "8192", "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["config"]["n_parallel"] == 4 and document["config"]["n_ctx"] == 8192
     assert document["slots"]["total_context"] == 32768
@@ -189,3 +189,49 @@ def test_parallel_outside_1_to_64_is_a_usage_error(
         main(["plan", "llama-3.1-8b", "--parallel", value])
     assert exit_.value.code == 2
     assert "parallel requests are a whole number from 1 to 64" in capsys.readouterr().err
+
+
+def test_the_default_model_on_a_roomy_machine_keeps_a_full_precision_kv_cache(
+    chat_model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Memory forces nothing here, so a quantized cache (its speed gain only predicted, its
+    cost to the answers real) is not chosen; and the plan's context is the chat's."""
+    from hearthside.core.settings import Settings
+
+    roomy = what_if(tmp_path, memory_gb=32)
+    for goal in ("balanced", "fastest", "quality"):
+        code = main(["plan", str(chat_model_file), "--hardware-spec", roomy, "--goal", goal,
+                     "--json"])  # fmt: skip
+        document = json.loads(capsys.readouterr().out)
+        assert code == 0 and document["config"]["type_k"] == "f16", goal
+    assert document["config"]["n_ctx"] == Settings().context_size
+    assert main(["plan", str(chat_model_file), "--hardware-spec", roomy]) == 0
+    text = capsys.readouterr().out
+    assert "Full-precision KV cache" in text and "budget" not in text.split("KV cache")[1][:80]
+
+
+def test_a_plan_names_one_bound_for_generation(
+    chat_model_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", str(chat_model_file)]) == 0
+    text = capsys.readouterr().out
+    speed = next(line for line in text.splitlines() if line.startswith("Speed "))
+    bound = speed.split("bound by ")[1].split(")")[0]
+    decode = next(line for line in text.splitlines() if "decode = " in line)
+    assert ("memory" in bound) == ("memory-bandwidth-bound" in decode), (speed, decode)
+    assert ("compute" in bound) == ("compute-bound" in decode), (speed, decode)
+    assert "memory-bound" not in text.replace("memory-bandwidth-bound", "")
+
+
+def test_an_8b_model_on_two_cores_fits_but_is_called_slow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    two_cores = what_if(tmp_path, memory_gb=24, cpu={"cores": 2, "threads": 2, "flags": ["avx2"]})
+    assert main(["plan", "llama-3.1-8b", "--hardware-spec", two_cores]) == 0
+    headline = capsys.readouterr().out.splitlines()[0]
+    assert headline.startswith("Llama 3.1 8B: fits, but slow here (~"), headline
+    assert "tok/s; first answer after ~" in headline
+    # a GPU that holds it: no such warning
+    gpu = what_if(tmp_path, gpus=[{"model": "rtx-3090"}], memory_gb=32)
+    assert main(["plan", "llama-3.1-8b", "--hardware-spec", gpu]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("Llama 3.1 8B: fits (goal")

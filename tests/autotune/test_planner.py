@@ -20,7 +20,7 @@ from hearthside.autotune.planner import (
     plan,
     token_work,
 )
-from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.config import CHAT_CONTEXT, EngineConfig
 from hearthside.core.models.catalog import catalog_spec
 from hearthside.core.models.descriptor import spec_from_descriptor
 from hearthside.core.models.spec import ModelSpec
@@ -50,7 +50,7 @@ def assert_within_capacity(result: Plan) -> None:
 def test_an_8b_model_goes_whole_onto_one_24gb_gpu() -> None:
     result = plan(catalog_spec("llama-3.1-8b"), machine(gpus=[{"model": "rtx-3090"}], memory_gb=32))
     assert result.fits and result.config.n_gpu_layers == -1
-    assert result.config.n_ctx == 8192
+    assert result.config.n_ctx == CHAT_CONTEXT  # what the chat runs
     assert_within_capacity(result)
     assert device(result, "CUDA0").kv_bytes > 0 and device(result, CPU).kv_bytes == 0
     assert 60 < result.speed.decode_tps < 200  # 936 GB/s over ~5 GB of weights
@@ -269,8 +269,8 @@ def test_room_to_spare_gives_four_slots_and_nothing_else_changes() -> None:
         catalog_spec("llama-3.1-8b"),
         machine(gpus=[{"model": "rtx-3090"}], memory_gb=32),
     )
-    result = plan(spec, profile)
-    one = plan(spec, profile, n_parallel=1)
+    result = plan(spec, profile, n_ctx=8192)
+    one = plan(spec, profile, n_parallel=1, n_ctx=8192)
     assert result.fits and result.config.n_parallel == DEFAULT_PARALLEL == 4
     assert result.config == one.config.with_changes(n_parallel=4)  # context, KV, layers kept
     assert result.config.n_ctx == 8192 and result.config.total_context == 4 * 8192
@@ -286,9 +286,9 @@ def test_room_to_spare_gives_four_slots_and_nothing_else_changes() -> None:
 
 def test_tight_memory_gives_one_slot_and_says_why() -> None:
     spec, profile = catalog_spec("llama-3.1-8b"), machine(memory_gb=8)  # 6 GiB after the margin
-    result = plan(spec, profile)
+    result = plan(spec, profile, n_ctx=8192)
     assert result.fits and result.config.n_parallel == 1
-    assert result.config == plan(spec, profile, n_parallel=1).config
+    assert result.config == plan(spec, profile, n_parallel=1, n_ctx=8192).config
     why = slots_reason(result)
     assert why.startswith("One request at a time: a second slot's KV cache would need ")
     assert "more on CPU" in why and "does not shorten the context" in why
@@ -311,7 +311,9 @@ def test_the_longest_context_is_never_shortened_for_slots() -> None:
 
 def test_fewer_than_four_slots_when_only_they_fit() -> None:
     result = plan(
-        catalog_spec("llama-3.1-70b"), machine(gpus=[{"model": "rtx-3090"}], memory_gb=64)
+        catalog_spec("llama-3.1-70b"),
+        machine(gpus=[{"model": "rtx-3090"}], memory_gb=64),
+        n_ctx=8192,
     )
     assert result.fits and 1 < result.config.n_parallel < DEFAULT_PARALLEL
     assert f"{result.config.n_parallel} requests at once" in slots_reason(result)

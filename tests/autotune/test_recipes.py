@@ -38,10 +38,23 @@ def test_a_quality_sensitive_moe_keeps_a_fine_kv_cache() -> None:
 
 
 def test_the_preference_yields_when_nothing_else_fits() -> None:
+    """Qwen3 30B-A3B at 40960 tokens on a CPU: with 21 GB only a q4_0 KV cache fits beside the
+    weights, and the plan takes it (and says what it costs) rather than streaming from disk;
+    with 1 GB more the recipe's q8_0 fits and is kept."""
     spec = catalog_spec("qwen3-30b-a3b")
-    tight = machine(memory_gb=24)
-    result = plan(spec, tight, n_ctx=40960)
-    assert result.fits or result.streams_from_disk
+    tight, roomier = machine(memory_gb=21), machine(memory_gb=22)
+    preferred_only = plan(spec, tight, n_ctx=40960, kv_types=("f16", "q8_0"))
+    assert not preferred_only.fits  # the premise: the recipe's KV types alone do not fit
+
+    yielded = plan(spec, tight, n_ctx=40960)
+    assert yielded.fits and not yielded.streams_from_disk
+    assert (yielded.config.type_k, yielded.config.type_v) == ("q4_0", "q4_0")
+    (kv_reason,) = [r for r in yielded.reasons if r.setting == "type_k/type_v"]
+    assert kv_reason.value == "q4_0" and "fit" in kv_reason.why  # said: it was taken to fit
+    assert "kv-f16-for-sensitive-moe" in {r.value for r in yielded.reasons}
+
+    kept = plan(spec, roomier, n_ctx=40960)
+    assert kept.fits and (kept.config.type_k, kept.config.type_v) == ("q8_0", "q8_0")
 
 
 def test_a_multi_socket_machine_spreads_over_its_numa_nodes() -> None:

@@ -1,9 +1,11 @@
 """The tuner tries a model's installed quant variants at the best settings it found, with their
 measured quality, and the goal chooses among all the runs by speed within the KLD budget.
 
-The tuned file is SmolLM2 135M converted to F16 (from the shipped Q4_1) and the variant is
-its Q4_0 re-quantization: more than twice as fast to decode on a CPU, and measurably
-different, so the budget alone decides whether it is picked."""
+The tuned file is SmolLM2 135M converted to F16 (from the shipped Q4_1; 270 MB, far from any
+CPU cache) and the variant is its Q4_0 re-quantization (~85 MB): a decode step reads under a
+third of the bytes, so the variant decodes more than twice as fast on a CPU, and answers
+measurably differently. Which one is picked then depends on the budget alone, and
+the tests assert that outcome instead of allowing either."""
 
 from __future__ import annotations
 
@@ -24,6 +26,14 @@ from hearthside.core.models.store import SOURCE_QUANTIZED_PREFIX, ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.runner import probe_hardware
 from tests.gguf_samples import quantize_file
+
+# a cap, not a duration: the tune ends when its runs, quality passes and audit are done (well
+# within a minute on a quiet machine); room on a busy one, so the variant's phase is reached,
+# and below the 300 s pytest-timeout
+TUNE_BUDGET_S = 240
+# the variant must decode at least this much faster than the best run of the file it replaces
+# (under a third of the bytes per token: ~2x measured)
+CLEAR_WIN = 1.3
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,7 @@ def _tune(files: Files, profile, kld_budget: float, events: list[TuneEvent]) -> 
             return tune(
                 files.original,
                 profile,
-                budget_s=60,
+                budget_s=TUNE_BUDGET_S,
                 wisdom=wisdom,
                 listener=events.append,
                 speculation=False,
@@ -84,6 +94,7 @@ def test_a_variant_is_measured_for_speed_and_quality_and_over_budget_is_not_chos
     first: FirstTune,
 ) -> None:
     result = first.result
+    assert len(result.variants) == 1, [note.reason for note in result.notes]
     (variant,) = result.variants
     assert variant.label == "Q4_0" and variant.model_id == "smollm2-q4_0"
     (run,) = [r for r in result.runs if result.variant_of(r) is variant]
@@ -95,10 +106,10 @@ def test_a_variant_is_measured_for_speed_and_quality_and_over_budget_is_not_chos
     # over the budget: not picked, however fast
     assert result.best is result.file_best and result.chosen_variant is None
     assert variant_text(result, variant).endswith("over the quality budget; not chosen")
-    if run.decode_tps > result.file_best.decode_tps:  # Q4_0 decodes ~2x F16 (unless the
-        # shared machine stalled this run): named as what the budget cost
-        assert result.fastest is run and (result.budget_cost or 0.0) > 1.0
-        assert "faster" in variant_text(result, variant)
+    # Q4_0 reads under a third of F16's bytes: the fastest run, named as what the budget cost
+    assert run.decode_tps > CLEAR_WIN * result.file_best.decode_tps, (run, result.file_best)
+    assert result.fastest is run and (result.budget_cost or 0.0) > CLEAR_WIN
+    assert "faster" in variant_text(result, variant)
     assert [e.variant for e in first.events if e.kind == "measured" and e.model] == ["Q4_0"]
 
     shown = json.loads(json.dumps(result_as_dict(result)))
@@ -121,11 +132,9 @@ def test_a_faster_variant_within_the_budget_is_chosen_and_saved_as_its_default(
     (variant,) = result.variants
     assert variant.quality.mean_kld == pytest.approx(measured.quality.mean_kld)  # from the DB
     # every run is within this budget (f16 and q8_0 KV stay far below Q4_0's KLD): the
-    # fastest is the pick, and Q4_0, at ~2x F16's decode, is that one but on a stalled run
+    # fastest is the pick, and Q4_0, at ~2x F16's decode, is that one
     assert result.best is not None and result.best is result.fastest
-    if result.chosen_variant is None:
-        assert variant_text(result, variant).endswith("within the quality budget; not chosen")
-        pytest.skip("the shared machine measured Q4_0 no faster than F16 this time")
+    assert result.chosen_variant is variant
     assert result.variant_of(result.best) is variant
     assert variant_text(result, variant).endswith("within the quality budget; chosen")
     assert "The pick is the Q4_0 variant (smollm2-q4_0)" in describe_result(result)

@@ -78,8 +78,9 @@ def test_a_tuning_run_is_stored_and_answers_the_next_one(
         assert len(measured) >= 2 and events[-1].kind == "done"
         default = wisdom.default_for(first.key)
         assert default is not None and default.run_id == first.best.id
-        # checked, in the time held back for it (on a machine under load, perhaps not to 90%)
-        assert first.audit is not None and (first.audit.holds or not first.audit.complete)
+        # checked to 90% full: a tiny model fills its context in well under the time held back
+        assert first.audit is not None, [note.reason for note in first.notes]
+        assert first.audit.complete and first.audit.holds, first.audit.message
         assert wisdom.latest_audit(first.key, first.best.config) == first.audit.to_dict()
         assert wisdom.efficiency(first.key.machine, first.key.engine, "CPU", "decode").samples
         # Speculation was measured on the winner, per workload, with a reason either way.

@@ -30,11 +30,11 @@ from hearthside.core.engine.remotes import RemoteRegistry
 from hearthside.core.engine.service import EngineService
 from hearthside.core.errors import EngineError
 from tests.remote_peer import ServerProcess, free_port, hearthside_serve, llama_cpp_server
+from tests.timing import Try, best_of, cancel_bound_s, decode_step_s
 
 PEER_KEY = "peer-key-0123456789"
 QUESTION = [ChatMessage("user", "What is the capital of France?")]
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
-CANCEL_BUDGET_S = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -110,20 +110,40 @@ def test_chat_streams_through_the_service_like_a_direct_call(
     assert metrics.decode_tok_s is not None and metrics.decode_tok_s > 0
 
 
+def peer_decode_step_s(service: EngineService) -> float:
+    """The baseline for the cancel bounds: one decode step of the peer, through the service."""
+    result = service.chat(QUESTION, GREEDY).result(timeout=60)
+    return decode_step_s(result.metrics.decode_tok_s)
+
+
 def test_cancel_mid_stream_stops_at_once(peer: ServerProcess, service: EngineService) -> None:
     service.load(saved("peer", peer)).result(timeout=30)
-    first_piece = threading.Event()
+    bound_s = cancel_bound_s(peer_decode_step_s(service))
     story = [ChatMessage("user", "Write a long story about a cat who sails around the world.")]
-    job = service.chat(
-        story, SamplingParams(temperature=0, max_tokens=500), on_text=lambda _p: first_piece.set()
-    )
-    assert first_piece.wait(60)
-    cancelled_at = time.perf_counter()
-    job.cancel()
-    result = job.result(timeout=5)
-    assert time.perf_counter() - cancelled_at < CANCEL_BUDGET_S
-    assert result.metrics.stop_reason == "cancelled"
-    assert result.metrics.completion_tokens < 500
+
+    def cancel_after_the_first_piece() -> Try:
+        first_piece = threading.Event()
+        job = service.chat(
+            story,
+            SamplingParams(temperature=0, max_tokens=500),
+            on_text=lambda _p: first_piece.set(),
+        )
+        assert first_piece.wait(60)
+        cancelled_at = time.perf_counter()
+        job.cancel()
+        result = job.result(timeout=5)
+        stopped_s = time.perf_counter() - cancelled_at
+        assert result.metrics.stop_reason == "cancelled"
+        assert result.metrics.completion_tokens < 500
+        return Try(stopped_s, bound_s)
+
+    taken = best_of(cancel_after_the_first_piece)
+    assert any(t.within for t in taken), taken
+
+
+# ~500 tokens: on its one thread the peer reads them in 1-2 s here, and no CPU in 0.1 s
+LONG_PROMPT_REPEATS = 60
+CANCEL_WHILE_READING_S = 0.1
 
 
 def test_cancel_while_the_server_reads_a_long_prompt(
@@ -132,17 +152,28 @@ def test_cancel_while_the_server_reads_a_long_prompt(
     """No bytes arrive while the server evaluates the prompt; closing the socket still ends
     the job at once, and the server answers the next request."""
     service.load(saved("peer", peer)).result(timeout=30)
-    long_prompt = [ChatMessage("user", "Summarise: " + "the tide comes in and goes out. " * 50)]
-    pieces: list[str] = []
-    job = service.chat(long_prompt, SamplingParams(temperature=0, max_tokens=64), pieces.append)
-    time.sleep(0.2)
-    if pieces:  # a machine far faster than CI's two cores: nothing left to test here
-        pytest.skip("the server finished the prompt within 0.2 s")
-    cancelled_at = time.perf_counter()
-    job.cancel()
-    result = job.result(timeout=5)
-    assert time.perf_counter() - cancelled_at < CANCEL_BUDGET_S
-    assert result.metrics.stop_reason == "cancelled"
+    bound_s = cancel_bound_s(peer_decode_step_s(service))
+    subjects = iter(("tide", "wind", "rain"))  # a new first word each try: nothing cached
+
+    def cancel_while_reading() -> Try:
+        text = f"the {next(subjects)} comes in and goes out. " * LONG_PROMPT_REPEATS
+        pieces: list[str] = []
+        job = service.chat(
+            [ChatMessage("user", "Summarise: " + text)],
+            SamplingParams(temperature=0, max_tokens=64),
+            pieces.append,
+        )
+        time.sleep(CANCEL_WHILE_READING_S)
+        assert not pieces, "the server read the whole prompt within 0.1 s"
+        cancelled_at = time.perf_counter()
+        job.cancel()
+        result = job.result(timeout=5)
+        stopped_s = time.perf_counter() - cancelled_at
+        assert result.metrics.stop_reason == "cancelled"
+        return Try(stopped_s, bound_s)
+
+    taken = best_of(cancel_while_reading)
+    assert any(t.within for t in taken), taken
     assert service.chat(QUESTION, GREEDY).result(timeout=120).text
 
 

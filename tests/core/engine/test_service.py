@@ -13,6 +13,7 @@ from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine
 from hearthside.core.engine.service import EngineService, Job
 from hearthside.core.errors import EngineError, JobCancelledError, QueueFullError
+from tests.timing import Try, best_of
 
 
 @pytest.fixture
@@ -45,13 +46,21 @@ def test_full_queue_refuses_at_once(service: EngineService) -> None:
     release, started = threading.Event(), threading.Event()
     running = service.submit(blocking_job(release, started))
     started.wait(5)
-    service.submit(blocking_job(release))
-    service.submit(blocking_job(release))
     begin = time.perf_counter()
-    with pytest.raises(QueueFullError) as error:
-        service.submit(blocking_job(release))
-    assert time.perf_counter() - begin < 0.05
-    assert error.value.hint
+    service.submit(blocking_job(release))
+    service.submit(blocking_job(release))
+    accepted_s = (time.perf_counter() - begin) / 2  # the baseline: a submit that queues
+
+    def refused() -> Try:
+        begin = time.perf_counter()
+        with pytest.raises(QueueFullError) as error:
+            service.submit(blocking_job(release))
+        assert error.value.hint
+        # at once: no waiting for room (the running job never ends by itself)
+        return Try(time.perf_counter() - begin, max(0.05, 10 * accepted_s))
+
+    taken = best_of(refused)
+    assert any(t.within for t in taken), taken
     release.set()
     assert running.result(timeout=5) == "released"
 

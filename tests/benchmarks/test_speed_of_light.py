@@ -1,0 +1,34 @@
+"""benchmarks/speed_of_light.py's verdicts on recorded-shape numbers: the meter's share and
+llama-bench's over the same limit agree within 15%, and the limit must be the bandwidth one.
+Nothing here runs llama-bench or the engine."""
+
+from __future__ import annotations
+
+from tests.benchmarks.test_targets import benchmark, status
+
+LIMIT_TPS = 20.0  # a 0.9 GB model at 18.2 GB/s
+
+
+def rounds(ours: float, native: float) -> list[object]:
+    make = benchmark("speed_of_light").Round
+    return [make(ours / LIMIT_TPS, ours, native, LIMIT_TPS) for _ in range(3)]
+
+
+def test_shares_within_15_percent_on_a_bandwidth_bound_model_pass() -> None:
+    light = benchmark("speed_of_light")
+    assert status(light.targets(rounds(12.0, 13.5), "memory bandwidth")) == 0
+
+
+def test_shares_more_than_15_percent_apart_fail_either_way() -> None:
+    light = benchmark("speed_of_light")
+    assert status(light.targets(rounds(10.0, 12.5), "memory bandwidth")) == 1
+    assert status(light.targets(rounds(12.5, 10.0), "memory bandwidth")) == 1
+
+
+def test_a_model_that_is_not_bandwidth_bound_fails() -> None:
+    light = benchmark("speed_of_light")
+    assert status(light.targets(rounds(12.0, 12.0), "cache")) == 1
+
+
+def test_no_rounds_is_a_miss_not_a_pass() -> None:
+    assert status(benchmark("speed_of_light").targets([], "memory bandwidth")) == 1
