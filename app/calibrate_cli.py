@@ -22,12 +22,12 @@ from hearthside.core.models.store import DEFAULT_REF, ModelStore, resolve_model_
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.base import ProbeContext
 from hearthside.core.probe.runner import probe_hardware
+from hearthside.core.units import MIB
 from hearthside.kernels.anomalies import spec_value
 from hearthside.kernels.calibrate import DEFAULT_BUDGET_S, QUICK_BUDGET_S
 from hearthside.kernels.measurement import Measurement
 from hearthside.kernels.results import CalibrationReport, export_calibration
 
-MIB = 1024 * 1024
 MIN_BUDGET_S = 1.0
 
 

@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from hearthside.app.cli_support import add_thread_options
 from hearthside.app.progress import ProgressLine
 from hearthside.app.terminal_chat import (
     DEFAULT_MAX_TOKENS,
     ChatOptions,
-    engine_config_for,
+    load_settings_for,
     run_one_prompt,
     run_repl,
     status,
 )
 from hearthside.app.terminal_history import LATEST, Resume
+from hearthside.autotune.speed_limit import MachineLoad, speed_of_light
+from hearthside.autotune.speed_meter import LoadSampler, limit_for_config
+from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.bench import BenchReport, run_bench
+from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.service import EngineService
 from hearthside.core.engine.worker_engine import LocalEngine
+from hearthside.core.paths import data_dir, models_dir
+from hearthside.core.probe.base import ProbeContext
+from hearthside.core.probe.profile import HardwareProfile
+from hearthside.core.probe.runner import probe_hardware
 from hearthside.core.settings import Settings
 
 
@@ -111,8 +121,13 @@ def _run_chat(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    config = engine_config_for(args.model, args.ctx, args.threads, args.batch_threads)
+    profile = probe_hardware(ProbeContext(models_dir=models_dir(data_dir())))
+    chosen = load_settings_for(
+        args.model, args.ctx, args.threads, args.batch_threads, profile, n_parallel=1
+    )
+    config = chosen.config  # one slot: what the bench measures is one request
     status(f"Loading {Path(config.model_path).name} …")
+    sampler = LoadSampler(profile.cpu.numa_nodes)
     with EngineService() as service, ProgressLine("Measuring") as line:
         service.load(config).result()
 
@@ -127,11 +142,51 @@ def _run_bench(args: argparse.Namespace) -> int:
             )
 
         report = service.call(measure, "bench").result()
+        load = sampler.sample()  # what else ran meanwhile: while the worker still counts as ours
+    report = replace(report, speed_of_light=bench_speed_of_light(report, config, profile, load))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         _print_bench_table(report)
+        print(speed_of_light_text(report.speed_of_light))
     return 0
+
+
+def bench_speed_of_light(
+    report: BenchReport, config: EngineConfig, profile: HardwareProfile, load: MachineLoad
+) -> dict[str, Any] | None:
+    """The tgN median against this machine's limit for `config` as it ran (its threads
+    resolved), with the likely cause when it is far below; None without a limit."""
+    decode = report.decode
+    if decode is None:
+        return None
+    as_run = config.with_changes(n_threads=report.config["n_threads"])
+    with WisdomDB() as wisdom:
+        limit = limit_for_config(as_run, profile, wisdom)
+    if limit is None:
+        return None
+    # tgN decodes from an empty context: its tokens see N/2 tokens of KV cache on average
+    speed = speed_of_light(
+        decode.median_tok_s, limit, context_tokens=decode.n_tokens // 2, load=load
+    )
+    return {"test": decode.test, **speed.to_dict(), "limit": limit.to_dict()}
+
+
+def speed_of_light_text(figures: dict[str, Any] | None) -> str:
+    """The bench's line on the share of this machine's limit, and why when it is low."""
+    if figures is None:
+        return (
+            "speed of light: unknown, because this machine's memory bandwidth has not been "
+            "measured (`hearthside calibrate` measures it)."
+        )
+    lines = [
+        f"speed of light: {figures['test']} reached {figures['summary']} "
+        f"({figures['measured_tps']:.1f} of {figures['limit_tps']:.1f} tok/s).",
+        f"  {figures['explanation']}",
+    ]
+    if figures["cause"]:
+        lines += [f"  Why it is slower: {figures['cause']}", f"  What to do: {figures['fix']}"]
+    return "\n".join(lines)
 
 
 def _print_bench_table(report: BenchReport) -> None:

@@ -27,9 +27,10 @@ from hearthside.core.models.hub import (
 )
 from hearthside.core.models.hub_http import HubEndpoint, HubError
 from hearthside.core.models.quantize import QUANT_TYPES, quantize_model
-from hearthside.core.models.store import ModelRecord, ModelStore, human_size
+from hearthside.core.models.store import ModelRecord, ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.serialize import to_jsonable
+from hearthside.core.units import format_bytes
 
 JSON_SCHEMA = 1
 EXIT_OK = 0
@@ -76,11 +77,11 @@ def _print_json(kind: str, payload: object) -> None:
 
 
 def _size(size_bytes: int | None) -> str:
-    return human_size(size_bytes) if size_bytes is not None else "?"
+    return format_bytes(size_bytes) if size_bytes is not None else "?"
 
 
 def _describe(record: ModelRecord) -> str:
-    return f"{printable(record.id)} ({printable(record.name)}, {human_size(record.size_bytes)})"
+    return f"{printable(record.id)} ({printable(record.name)}, {format_bytes(record.size_bytes)})"
 
 
 # --- search ----------------------------------------------------------------------------------

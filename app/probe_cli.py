@@ -11,8 +11,7 @@ from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.base import ProbeContext
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
 from hearthside.core.probe.runner import probe_hardware, with_advice
-
-GIB = 1024**3
+from hearthside.core.units import format_bytes
 
 
 def add_probe_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -58,7 +57,7 @@ def describe(profile: HardwareProfile) -> str:
     lines += [_gpu_line(gpu) for gpu in profile.gpus] or ["GPU      none found"]
     lines += [
         f"Disk     {disk.path}: {_disk_kind(disk.rotational)}"
-        + (f", {disk.free_bytes / GIB:.0f} GiB free" if disk.free_bytes is not None else "")
+        + (f", {format_bytes(disk.free_bytes)} free" if disk.free_bytes is not None else "")
         for disk in profile.disks
     ]
     lines.append(_engine_line(profile))
@@ -82,14 +81,14 @@ def _cpu_line(profile: HardwareProfile) -> str:
 
 def _memory_line(profile: HardwareProfile) -> str:
     memory = profile.memory
-    parts = [_gib(memory.total_bytes, "total"), _gib(memory.available_bytes, "free")]
+    parts = [_sized(memory.total_bytes, "total"), _sized(memory.available_bytes, "free")]
     if memory.cgroup_limit_bytes is not None:
-        parts.append(_gib(memory.cgroup_limit_bytes, "container limit"))
+        parts.append(_sized(memory.cgroup_limit_bytes, "container limit"))
     return "Memory   " + ", ".join(part for part in parts if part)
 
 
 def _gpu_line(gpu: GpuInfo) -> str:
-    details = [gpu.arch or "unknown arch", _gib(gpu.vram_total_bytes, "VRAM")]
+    details = [gpu.arch or "unknown arch", _sized(gpu.vram_total_bytes, "VRAM")]
     if gpu.memory_bandwidth_bytes_per_s:
         details.append(f"{gpu.memory_bandwidth_bytes_per_s / 1e9:.0f} GB/s")
     if gpu.unified_memory:
@@ -111,5 +110,5 @@ def _engine_line(profile: HardwareProfile) -> str:
     return f"Engine   llama-cpp-python {engine.package_version}: {backends} ({offload})"
 
 
-def _gib(value: int | None, label: str) -> str:
-    return f"{value / GIB:.1f} GiB {label}" if value is not None else ""
+def _sized(value: int | None, label: str) -> str:
+    return f"{format_bytes(value)} {label}" if value is not None else ""

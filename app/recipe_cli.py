@@ -34,8 +34,8 @@ from hearthside.autotune.serving import (
 from hearthside.core.models.catalog import resolve_spec
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.spec import ClusterSpec, load_cluster_spec
+from hearthside.core.units import format_bytes
 
-GIB = 1024**3
 NOTHING_FITS = 3  # exit status: the recipe gives advice instead of a command
 
 
@@ -143,19 +143,15 @@ def memory_table(serving: ServingPlan) -> list[str]:
         rows.append(
             [
                 gpu.device,
-                _gib(gpu.weights_bytes),
-                _gib(gpu.kv_bytes),
-                _gib(gpu.overhead_bytes),
-                _gib(gpu.free_bytes),
-                _gib(gpu.total_bytes),
+                format_bytes(gpu.weights_bytes),
+                format_bytes(gpu.kv_bytes),
+                format_bytes(gpu.overhead_bytes),
+                format_bytes(gpu.free_bytes),
+                format_bytes(gpu.total_bytes),
                 f"{gpu.kv_tokens:,}",
             ]
         )
     return text_table(rows).splitlines()
-
-
-def _gib(value: int) -> str:
-    return f"{value / GIB:.1f}G"
 
 
 def _reason_lines(reasons: Sequence[Reason]) -> list[str]:
@@ -202,11 +198,11 @@ def describe_llama_server(recipe: LlamaServerRecipe, command: Sequence[str] | No
         rows.append(
             [
                 device.device,
-                _gib(device.weights_bytes),
-                _gib(device.kv_bytes),
-                _gib(device.compute_bytes),
-                _gib(device.used_bytes),
-                _gib(device.capacity_bytes),
+                format_bytes(device.weights_bytes),
+                format_bytes(device.kv_bytes),
+                format_bytes(device.compute_bytes),
+                format_bytes(device.used_bytes),
+                format_bytes(device.capacity_bytes),
             ]
         )
     lines += text_table(rows).splitlines() + [""]

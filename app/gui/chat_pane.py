@@ -1,4 +1,9 @@
-"""`ChatPane`: the conversation view with the message box and its buttons under it."""
+"""`ChatPane`: the model picker, the conversation view, and the message box with its buttons.
+
+Enter sends and Shift+Enter starts a new line, as in every chat app (Ctrl+Enter sends too).
+The pane's mode is the open chat's: "busy" means a reply is being written in another chat —
+its Stop lives there; this chat can be read and typed in, and sends once that reply is done.
+"""
 
 from __future__ import annotations
 
@@ -18,26 +23,34 @@ from PySide6.QtWidgets import (
 
 from hearthside.app.gui.chat_view import ChatView
 from hearthside.app.gui.icons import icon
+from hearthside.app.gui.model_picker import ModelPicker
 
-PaneMode = Literal["idle", "generating", "unavailable"]
+PaneMode = Literal["idle", "generating", "busy", "unavailable"]
+INPUT_HINT = "Message the model — Enter sends, Shift+Enter starts a new line"
+BUSY_TOOLTIP = "A reply is being written in another chat: wait for it, or stop it there"
 _SUBMIT_KEYS = (Qt.Key.Key_Return, Qt.Key.Key_Enter)
 
 
 class MessageInput(QPlainTextEdit):
-    """A multi-line message box: Enter starts a new line, Ctrl+Enter sends."""
+    """A multi-line message box: Enter (or Ctrl+Enter) sends, Shift+Enter starts a new line."""
 
     submitted = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setPlaceholderText("Message the model — Ctrl+Enter sends")
+        self.setPlaceholderText(INPUT_HINT)
         self.setAccessibleName("Message")
+        self.setAccessibleDescription(INPUT_HINT)
         self.setTabChangesFocus(True)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt's name)
-        control = event.modifiers() & Qt.KeyboardModifier.ControlModifier
-        if event.key() in _SUBMIT_KEYS and control:
+        shift = event.modifiers() & Qt.KeyboardModifier.ShiftModifier
+        if event.key() in _SUBMIT_KEYS and not shift:
             self.submitted.emit()
+            return
+        if event.key() in _SUBMIT_KEYS:  # Shift+Enter: a plain new line, not a line separator
+            self.textCursor().insertText("\n")
+            self.ensureCursorVisible()
             return
         super().keyPressEvent(event)
 
@@ -51,6 +64,7 @@ class ChatPane(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.model_picker = ModelPicker(self)
         self.view = ChatView(self)
         self.input = MessageInput(self)
         self.input.submitted.connect(self.submit)
@@ -94,6 +108,7 @@ class ChatPane(QWidget):
         self.splitter.setSizes([640, 110])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
+        layout.addWidget(self.model_picker)
         layout.addWidget(self.splitter)
         self.setTabOrder(self.input, self.send_button)
         self.setTabOrder(self.send_button, self.regenerate_button)
@@ -109,7 +124,8 @@ class ChatPane(QWidget):
     # ---- state -------------------------------------------------------------------------
 
     def set_mode(self, mode: PaneMode) -> None:
-        """idle: ready to send; generating: a reply streams; unavailable: no model yet."""
+        """idle: ready to send; generating: this chat's reply streams; busy: another chat's
+        does; unavailable: no model yet."""
         self.mode = mode
         self.regenerate_button.setEnabled(mode == "idle")
         self._refresh_send_button()
@@ -117,8 +133,9 @@ class ChatPane(QWidget):
     def _refresh_send_button(self) -> None:
         generating = self.mode == "generating"
         self.send_button.setText("Stop" if generating else "Send")
-        self.send_button.setToolTip("Stop the reply (Esc)" if generating else "Send (Ctrl+Enter)")
-        self.send_button.setEnabled(self.mode != "unavailable")
+        tooltip = "Stop the reply (Esc)" if generating else "Send (Enter)"
+        self.send_button.setToolTip(BUSY_TOOLTIP if self.mode == "busy" else tooltip)
+        self.send_button.setEnabled(self.mode in ("idle", "generating"))
         color = getattr(self, "_icon_color", None)
         if color is not None:
             self.send_button.setIcon(icon("stop" if generating else "send", color))

@@ -8,6 +8,12 @@ window. Nothing is written for a request the engine refused (a full queue, no mo
 A reply that fails part-way — the engine worker crashed, say — keeps what it had written, in
 the view and the history, complete like a stopped one; a crash is `reply_crashed`, for the
 window to say what happened and what the engine does next.
+
+A reply belongs to its chat: switching chats while it streams leaves it streaming there (the
+engine writes one reply at a time, so the other chats wait — "busy" — until it ends or is
+stopped); switching back shows it as far as it has been saved. Each reply records the model
+writing it. Regenerate keeps the earlier reply as a version (the store's `new_version`), and
+the ‹ › under a reply flips between versions.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from hearthside.app.gui.chat_pane import ChatPane, PaneMode
 from hearthside.app.gui.chat_settings_dialog import ChatSettings
-from hearthside.app.gui.chat_view import reply_note
 from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
 from hearthside.app.gui.reply_writer import ReplyWriter, SavedText
 from hearthside.core.errors import EngineCrashedError, HearthsideError, JobCancelledError
@@ -44,8 +49,15 @@ class ContextUse:
 class _Reply:
     conversation_id: int
     message_id: int
+    model_name: str | None  # the model writing it, for its header
+    version: tuple[int, int] = (1, 1)  # which version of the reply, of how many
     text: str = ""  # everything the engine has sent so far
+    saved_text: str = ""  # what is on disk, and so may be on screen
     result: GenerationResult | None = None  # set when the engine is done, before it is saved
+
+    @property
+    def regenerated(self) -> bool:
+        return self.version[1] > 1
 
 
 def engine_messages(
@@ -104,13 +116,16 @@ class ChatSession(QObject):
         pane.regenerate_requested.connect(self.regenerate)
         pane.edit_cancelled.connect(self.cancel_edit)
         self.view.edit_requested.connect(self.begin_edit)
+        self.view.version_requested.connect(self.show_version)
 
     # ---- state -------------------------------------------------------------------------
 
     @property
     def mode(self) -> PaneMode:
+        """The open chat's: "busy" while a reply streams into another chat."""
         if self.bridge.generating or self._reply is not None:
-            return "generating"
+            elsewhere = self._reply is not None and self._reply.conversation_id != self.current_id
+            return "busy" if elsewhere else "generating"
         if self._model_pending or self.bridge.loaded_model is None or self.bridge.loading:
             return "unavailable"
         return "idle"
@@ -119,6 +134,10 @@ class ChatSession(QObject):
         """A model is being prepared (installed, resolved) before it loads: no chatting."""
         self._model_pending = pending
         self.refresh_state()
+
+    @property
+    def model_pending(self) -> bool:
+        return self._model_pending
 
     @property
     def replying_to(self) -> int | None:
@@ -140,27 +159,35 @@ class ChatSession(QObject):
         self.state_changed.emit(self.mode)
 
     @Slot(object)
-    def _on_model_loaded(self, loaded: LoadedModel) -> None:
-        self.view.set_assistant_name(loaded.name)
+    def _on_model_loaded(self, _loaded: LoadedModel) -> None:
         self.refresh_state()
         self.context_changed.emit(self.context_use())
 
     # ---- conversations -----------------------------------------------------------------
 
     def open(self, conversation_id: int) -> None:
-        """Show a conversation; a reply streaming elsewhere is stopped (its text is kept)."""
+        """Show a conversation; a reply streaming in another one goes on streaming there."""
         if conversation_id == self.current_id:
             return
-        if self._reply is not None:
-            self.bridge.stop()
         conversation = self.store.get(conversation_id)
         self.cancel_edit()
         self.current_id = conversation.id
         messages = self.store.messages(conversation.id)
-        self.view.show_messages(messages)
+        self._show(messages)
         self._used_tokens = _context_after(messages)
+        self.refresh_state()
         self.context_changed.emit(self.context_use())
         self.conversation_opened.emit(conversation.id)
+
+    def _show(self, messages: Sequence[StoredMessage]) -> None:
+        """Show the open chat's messages, with its reply streaming at the end, if it has one."""
+        reply = self._reply
+        if reply is None or reply.conversation_id != self.current_id:
+            self.view.show_messages(messages)
+            return
+        self.view.show_messages([m for m in messages if m.id != reply.message_id])
+        self.view.begin_reply(reply.model_name, reply.version)
+        self.view.update_reply(reply.saved_text)
 
     def new_conversation(self) -> int:
         """Open a new, empty chat (or stay in the current one if it is still empty)."""
@@ -217,7 +244,7 @@ class ChatSession(QObject):
     def send(self, text: str) -> bool:
         """Send `text` (or, while editing, resend the edited message); False if refused."""
         text = text.strip()
-        if not text or self.mode == "generating":
+        if not text or self.mode in ("generating", "busy"):
             return False
         conversation = self._current_conversation()
         messages = self.store.messages(conversation.id)
@@ -235,26 +262,40 @@ class ChatSession(QObject):
             self.view.append_message(self.store.add_message(conversation.id, "user", text))
         self.cancel_edit()
         self.pane.input.clear()
-        self._begin_saving_reply(conversation.id)
+        self._begin_saving_reply(conversation.id, None)
         return True
 
     @Slot()
     def regenerate(self) -> bool:
-        """Write the last reply again (or answer a last user message left without one)."""
-        if self.mode == "generating" or self.current_id is None:
+        """Write the last reply again, keeping the earlier one as a version (or answer a last
+        user message left without a reply)."""
+        if self.mode != "idle" or self.current_id is None:
             return False
         conversation = self._current_conversation()
         messages = self.store.messages(conversation.id)
-        if messages and messages[-1].role == "assistant":
-            messages = messages[:-1]
+        previous = messages.pop() if messages and messages[-1].role == "assistant" else None
         if not messages or messages[-1].role != "user":
             return False
         if not self._start_reply(conversation, engine_messages(conversation, messages)):
             return False
-        self.store.truncate_after(conversation.id, messages[-1].position)
         self.view.show_messages(messages)
-        self._begin_saving_reply(conversation.id)
+        self._begin_saving_reply(conversation.id, previous)
         return True
+
+    @Slot(int, int)
+    def show_version(self, message_id: int, version: int) -> None:
+        """Show another version of a regenerated reply (not while this chat's reply streams)."""
+        if self.mode == "generating" or self.current_id is None:
+            return
+        try:
+            self.store.show_version(message_id, version)
+        except HearthsideError as exc:
+            self.error.emit(exc)
+            return
+        messages = self.store.messages(self.current_id)
+        self.view.show_messages(messages)
+        self._used_tokens = _context_after(messages)
+        self.context_changed.emit(self.context_use())
 
     @Slot()
     def stop(self) -> None:
@@ -262,7 +303,7 @@ class ChatSession(QObject):
 
     @Slot(int)
     def begin_edit(self, message_id: int) -> None:
-        if self.mode == "generating":
+        if self.mode == "generating":  # the open chat's own reply is still being written
             return
         message = self.store.message(message_id)
         if message.role != "user" or message.conversation_id != self.current_id:
@@ -286,13 +327,23 @@ class ChatSession(QObject):
             return False
         return True
 
-    def _begin_saving_reply(self, conversation_id: int) -> None:
+    def _begin_saving_reply(self, conversation_id: int, previous: StoredMessage | None) -> None:
+        """Save the reply as it comes: a new message, or a new version of `previous`."""
         loaded = self.bridge.loaded_model
-        if loaded is not None and loaded.model_id is not None:
-            self.store.set_model(conversation_id, loaded.model_id)  # the chat's latest model
-        reply = self.store.add_message(conversation_id, "assistant", "", complete=False)
-        self._reply = _Reply(conversation_id, reply.id)
-        self.view.begin_reply()
+        model_id = loaded.model_id if loaded is not None else None
+        model_name = loaded.name if loaded is not None else None
+        if model_id is not None:
+            self.store.set_model(conversation_id, model_id)  # the chat's latest model
+        if previous is not None:
+            reply = self.store.new_version(previous.id, model_id=model_id, model_name=model_name)
+        else:
+            reply = self.store.add_message(
+                conversation_id, "assistant", "", complete=False,
+                model_id=model_id, model_name=model_name,
+            )  # fmt: skip
+        version = (reply.version, reply.version_count)
+        self._reply = _Reply(conversation_id, reply.id, model_name, version)
+        self.view.begin_reply(model_name, version)
         self.conversations_changed.emit()
         self.refresh_state()
 
@@ -329,14 +380,18 @@ class ChatSession(QObject):
             return
         showing = reply.conversation_id == self.current_id
         if not saved.final:
+            reply.saved_text = saved.text
             if showing:
                 self.view.update_reply(saved.text)
             return
         self._reply = None
         assert reply.result is not None
         metrics = reply.result.metrics
+        if showing and reply.regenerated:  # drawn again, with the ‹ › to its other versions
+            self.view.show_messages(self.store.messages(reply.conversation_id))
+        elif showing:
+            self.view.finish_reply(saved.text, self.view.metered_note(metrics))
         if showing:
-            self.view.finish_reply(saved.text, reply_note(metrics, complete=True))
             self._used_tokens = _tokens_in_context(metrics)
         self.conversations_changed.emit()
         self.refresh_state()
@@ -372,6 +427,11 @@ class ChatSession(QObject):
             self.store.update_message(reply.message_id, reply.text, complete=True)
             if showing:
                 self.view.finish_reply(reply.text, note)
+            return
+        if reply.regenerated:  # the version before it is shown again
+            self.store.drop_shown_version(reply.message_id)
+            if showing:
+                self.view.show_messages(self.store.messages(reply.conversation_id))
             return
         self.store.delete_message(reply.message_id)
         if showing:

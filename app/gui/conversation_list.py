@@ -3,16 +3,32 @@
 It only shows conversations and asks for changes through signals; the window applies them to
 the history. Rename and delete ask in dialogs that are opened, not exec'd, so the event loop
 (and a reply streaming meanwhile) keeps running while the user decides.
+
+Each chat shows when it was last active under its title ("Today 14:02", "Yesterday", "3 Dec"),
+in more detail where two chats of the same title would otherwise read the same, and
+"writing a reply…" while its reply streams.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 
-from PySide6.QtCore import QPoint, Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtCore import (
+    QModelIndex,
+    QPersistentModelIndex,
+    QPoint,
+    QSize,
+    Qt,
+    QTimer,
+    Signal,
+    Slot,
+)
+from PySide6.QtGui import QAction, QFont, QFontMetrics, QKeySequence, QPainter, QPalette
 from PySide6.QtWidgets import (
     QAbstractButton,
+    QApplication,
     QInputDialog,
     QLineEdit,
     QListWidget,
@@ -20,6 +36,9 @@ from PySide6.QtWidgets import (
     QMenu,
     QMessageBox,
     QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
@@ -28,6 +47,86 @@ from hearthside.core.history.store import Conversation
 
 SEARCH_DELAY_MS = 150
 ID_ROLE = Qt.ItemDataRole.UserRole
+TITLE_ROLE = Qt.ItemDataRole.UserRole + 1
+WRITING_TEXT = "writing a reply…"
+
+
+def when_text(updated_at: str, now: datetime, *, detailed: int = 0) -> str:
+    """When a chat was last active, in the user's time zone: "Today 14:02", "Yesterday",
+    "3 Dec", "3 Dec 2025". `detailed` tells two chats apart: 1 adds the time (and year),
+    2 the seconds too. `now` is an aware local datetime."""
+    when = datetime.fromisoformat(updated_at).astimezone(now.tzinfo)
+    clock = f"{when:%H:%M:%S}" if detailed > 1 else f"{when:%H:%M}"
+    day = f"{when.day} {when:%b}"
+    if when.date() == now.date():
+        return f"Today {clock}"
+    if when.date() == (now - timedelta(days=1)).date():
+        return f"Yesterday {clock}" if detailed else "Yesterday"
+    if detailed:
+        return f"{day} {when.year} {clock}"
+    return day if when.year == now.year else f"{day} {when.year}"
+
+
+def when_texts(conversations: Sequence[Conversation], now: datetime) -> list[str]:
+    """`when_text` for each chat, in more detail where a same-titled chat reads the same."""
+    detail = [0] * len(conversations)
+    for level in (1, 2):
+        texts = [
+            when_text(c.updated_at, now, detailed=d)
+            for c, d in zip(conversations, detail, strict=True)
+        ]
+        alike = Counter(zip((c.title for c in conversations), texts, strict=True))
+        detail = [
+            level if alike[(c.title, text)] > 1 else d
+            for c, text, d in zip(conversations, texts, detail, strict=True)
+        ]
+    return [
+        when_text(c.updated_at, now, detailed=d) for c, d in zip(conversations, detail, strict=True)
+    ]
+
+
+class _ChatItemDelegate(QStyledItemDelegate):
+    """Draws a chat as its title over a smaller, muted line saying when it was active."""
+
+    def paint(
+        self,
+        painter: QPainter,
+        option: QStyleOptionViewItem,
+        index: QModelIndex | QPersistentModelIndex,
+    ) -> None:
+        item = QStyleOptionViewItem(option)
+        self.initStyleOption(item, index)
+        title, _, when = str(index.data(Qt.ItemDataRole.DisplayRole)).partition("\n")
+        item.text = ""
+        style = item.widget.style() if item.widget is not None else QApplication.style()
+        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, item, painter, item.widget)
+        selected = bool(item.state & QStyle.StateFlag.State_Selected)
+        text_role = QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text
+        muted_role = text_role if selected else QPalette.ColorRole.PlaceholderText
+        rect = item.rect.adjusted(6, 3, -6, -3)
+        painter.save()
+        painter.setFont(item.font)
+        painter.setPen(item.palette.color(text_role))
+        metrics = QFontMetrics(item.font)
+        elided = metrics.elidedText(title, Qt.TextElideMode.ElideRight, rect.width())
+        painter.drawText(rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop, elided)
+        painter.setFont(_small(item.font))
+        painter.setPen(item.palette.color(muted_role))
+        painter.drawText(rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignBottom, when)
+        painter.restore()
+
+    def sizeHint(
+        self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> QSize:  # noqa: N802
+        size = super().sizeHint(option, index)
+        lines = QFontMetrics(option.font).height() + QFontMetrics(_small(option.font)).height()
+        return QSize(size.width(), lines + 8)
+
+
+def _small(font: QFont) -> QFont:
+    smaller = QFont(font)
+    smaller.setPointSizeF(max(font.pointSizeF() * 0.85, 6.0))
+    return smaller
 
 
 class ConversationList(QWidget):
@@ -50,6 +149,7 @@ class ConversationList(QWidget):
         self.list.setAccessibleName("Chats")
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setItemDelegate(_ChatItemDelegate(self.list))
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._show_menu)
         self.list.currentItemChanged.connect(self._on_current_changed)
@@ -83,16 +183,28 @@ class ConversationList(QWidget):
     # ---- contents ----------------------------------------------------------------------
 
     def set_conversations(
-        self, conversations: Sequence[Conversation], current_id: int | None
+        self,
+        conversations: Sequence[Conversation],
+        current_id: int | None,
+        *,
+        replying_id: int | None = None,
+        now: datetime | None = None,
     ) -> None:
-        """Show `conversations`, keeping `current_id` selected without announcing it."""
+        """Show `conversations`, keeping `current_id` selected without announcing it;
+        `replying_id` is the chat whose reply is being written."""
+        now = now or datetime.now().astimezone()
         self.list.blockSignals(True)
         try:
             self.list.clear()
-            for conversation in conversations:
-                item = QListWidgetItem(conversation.title, self.list)
+            for conversation, when in zip(
+                conversations, when_texts(conversations, now), strict=True
+            ):
+                status = WRITING_TEXT if conversation.id == replying_id else when
+                item = QListWidgetItem(f"{conversation.title}\n{status}", self.list)
                 item.setData(ID_ROLE, conversation.id)
-                item.setToolTip(f"{conversation.title}\nlast active {conversation.updated_at}")
+                item.setData(TITLE_ROLE, conversation.title)
+                detailed = when_text(conversation.updated_at, now, detailed=True)
+                item.setToolTip(f"{conversation.title}\nlast active {detailed}")
                 if conversation.id == current_id:
                     self.list.setCurrentItem(item)
         finally:
@@ -102,7 +214,11 @@ class ConversationList(QWidget):
         return [int(self.list.item(row).data(ID_ROLE)) for row in range(self.list.count())]
 
     def titles(self) -> list[str]:
-        return [self.list.item(row).text() for row in range(self.list.count())]
+        return [str(self.list.item(row).data(TITLE_ROLE)) for row in range(self.list.count())]
+
+    def when_shown(self) -> list[str]:
+        """The second line of each chat: when it was last active, or that it is replying."""
+        return [self.list.item(row).text().split("\n", 1)[1] for row in range(self.list.count())]
 
     def current_id(self) -> int | None:
         item = self.list.currentItem()
@@ -122,7 +238,7 @@ class ConversationList(QWidget):
         dialog = QInputDialog(self)
         dialog.setWindowTitle("Rename chat")
         dialog.setLabelText("New name:")
-        dialog.setTextValue(item.text())
+        dialog.setTextValue(str(item.data(TITLE_ROLE)))
         dialog.textValueSelected.connect(
             lambda title: self.rename_requested.emit(conversation_id, title)
         )
@@ -137,7 +253,7 @@ class ConversationList(QWidget):
         dialog = QMessageBox(
             QMessageBox.Icon.Question,
             "Delete chat",
-            f"Delete “{item.text()}” and all its messages? This cannot be undone.",
+            f"Delete “{item.data(TITLE_ROLE)}” and all its messages? This cannot be undone.",
             QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
             self,
         )

@@ -71,10 +71,11 @@ from hearthside.core.models.hub_http import (
     status_error,
 )
 from hearthside.core.models.spec import ModelSpec
-from hearthside.core.models.store import ModelRecord, ModelStore, human_size
+from hearthside.core.models.store import ModelRecord, ModelStore
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import CpuInfo, HardwareProfile, MemoryInfo, ProbeError
 from hearthside.core.probe.runner import probe_in_subprocess
+from hearthside.core.units import format_bytes
 
 SEARCH_DEBOUNCE_MS = 350
 SEARCH_LIMIT = 30
@@ -99,12 +100,12 @@ BADGE_LABELS: dict[BadgeKind, str] = {
 }
 
 NETWORK_HINT = (
-    "Check your connection or the hub address in settings (HEARTHSIDE_HUB_ENDPOINT), "
-    "then try again."
+    "Check your connection, or the hub address in Settings (toolbar → Settings…), then try again."
 )
 TOKEN_HINT = (
-    "This model needs a hub token: accept its licence on the hub's web page, set "
-    "HEARTHSIDE_HUB_TOKEN to an access token of your account, and restart Hearthside."
+    "This model needs a hub token: accept its licence on the hub's web page, then paste an "
+    "access token of your account into Settings (toolbar → Settings… → Hub access token) "
+    "and download again."
 )
 DAMAGED_HINT = (
     "The file was corrupted in transit and has been deleted; download it again. If it fails "
@@ -271,14 +272,13 @@ def fit_explanation(result: Plan, what_if: WhatIfSpec, kind: BadgeKind) -> str:
     about = "about " if what_if.estimated else ""
     needed = sum(device.used_bytes for device in result.devices)
     lines = [
-        f"Needs {about}{_gb(needed)} (context {result.config.n_ctx} tokens); this machine has "
-        + ", ".join(_room_text(device) for device in result.devices)
-        + "."
+        f"Needs {about}{format_bytes(needed)} (context {result.config.n_ctx} tokens); "
+        "this machine has " + ", ".join(_room_text(device) for device in result.devices) + "."
     ]
     if len(result.devices) > 1:
         lines.append(
             "Used: "
-            + ", ".join(f"{_gb(d.used_bytes)} {_tier(d.device)}" for d in result.devices)
+            + ", ".join(f"{format_bytes(d.used_bytes)} {_tier(d.device)}" for d in result.devices)
             + "."
         )
     lines += [_verdict(result, kind), what_if.basis]
@@ -290,12 +290,12 @@ def _tier(device: str) -> str:
 
 
 def _room_text(device: DeviceBudget) -> str:
-    room = _gb(max(device.capacity_bytes, 0))
+    room = format_bytes(max(device.capacity_bytes, 0))
     return f"{room} of RAM for models" if device.device == CPU else f"{room} on GPU {device.device}"
 
 
 def _verdict(result: Plan, kind: BadgeKind) -> str:
-    keep_free = _gb(DEFAULT_FREE_MARGIN_BYTES)
+    keep_free = format_bytes(DEFAULT_FREE_MARGIN_BYTES)
     if kind == "fits":
         return f"Fits, keeping {keep_free} of RAM free for other programs."
     if kind == "offload":
@@ -312,10 +312,6 @@ def _speed_text(tokens_per_s: float) -> str:
     if tokens_per_s < 0.1:
         return "less than 0.1 tokens/s"
     return f"about {tokens_per_s:.1f} tokens/s"
-
-
-def _gb(size_bytes: int) -> str:
-    return f"{size_bytes / 10**9:.1f} GB"
 
 
 def assess_files(
@@ -409,12 +405,12 @@ def eta_text(seconds: float) -> str:
 
 
 def progress_text(done_bytes: int, total_bytes: int, resumed_from: int, rate: TransferRate) -> str:
-    parts = [f"{human_size(done_bytes)} of {human_size(total_bytes)}"]
+    parts = [f"{format_bytes(done_bytes)} of {format_bytes(total_bytes)}"]
     if resumed_from:
-        parts[0] += f" (resumed from {human_size(resumed_from)})"
+        parts[0] += f" (resumed from {format_bytes(resumed_from)})"
     speed = rate.bytes_per_s()
     if speed:
-        parts.append(f"{human_size(int(speed))}/s")
+        parts.append(f"{format_bytes(int(speed))}/s")
         left = rate.seconds_left(done_bytes, total_bytes)
         if left is not None:
             parts.append(eta_text(left))
@@ -476,7 +472,7 @@ def file_texts(hub_file: HubFile) -> tuple[str, ...]:
     return (
         hub_file.display_name,
         hub_file.quant or "?",
-        human_size(size) if size is not None else "?",
+        format_bytes(size) if size is not None else "?",
     )
 
 
@@ -748,7 +744,7 @@ class HubDialog(QDialog):
             return self._endpoint
         try:
             return HubEndpoint.from_settings()
-        except HubError as exc:  # a bad HEARTHSIDE_HUB_ENDPOINT
+        except HubError as exc:  # a bad hub address in the settings
             self.search_status.setText("")
             self.show_message(hub_error_text(exc), error=True)
             return None
@@ -761,7 +757,7 @@ class HubDialog(QDialog):
         chosen = self._selected_repo()
         self._repos = results
         self.search_status.setText(f"{len(results)} repos" if results else "No GGUF repos found")
-        gated = "Gated: downloading needs a hub token (HEARTHSIDE_HUB_TOKEN)."
+        gated = "Gated: downloading needs a hub access token (Settings… → Hub access token)."
         _fill(
             self.repo_table,
             [repo_texts(summary) for summary in results],
@@ -932,10 +928,10 @@ class HubDialog(QDialog):
             self._first_report = False
             self._resumed_from = done  # download_model reports the kept bytes first
             if done:
-                self._set_progress_text(f"Resuming from {human_size(done)}…")
+                self._set_progress_text(f"Resuming from {format_bytes(done)}…")
         self._rate.add(done)
         if total <= 0:
-            self._set_progress_text(f"Downloading: {human_size(done)}")
+            self._set_progress_text(f"Downloading: {format_bytes(done)}")
             return
         self.progress_bar.setRange(0, PERCENT)
         self.progress_bar.setValue(done * PERCENT // total)
@@ -951,7 +947,7 @@ class HubDialog(QDialog):
 
     def _download_done(self, record: ModelRecord) -> None:
         self._download_finished()
-        self.show_message(f"Added {record.name} ({human_size(record.size_bytes)}).")
+        self.show_message(f"Added {record.name} ({format_bytes(record.size_bytes)}).")
         self.downloaded.emit(record)
         self.accept()
 
@@ -963,7 +959,7 @@ class HubDialog(QDialog):
         elif isinstance(error, DownloadCancelled):
             kept = self._rate.last_bytes
             what = (
-                f"{human_size(kept)} is kept: press Download to resume from there."
+                f"{format_bytes(kept)} is kept: press Download to resume from there."
                 if kept
                 else "Nothing had arrived yet."
             )
@@ -985,9 +981,9 @@ def _failed_probe_profile(error: BaseException) -> HardwareProfile:
 
 def machine_summary(profile: HardwareProfile) -> str:
     ram = profile.memory.usable_bytes
-    parts = [f"{_gb(ram)} RAM" if ram else "RAM unknown"]
+    parts = [f"{format_bytes(ram)} RAM" if ram else "RAM unknown"]
     parts += [
-        f"{gpu.name} {_gb(gpu.vram_total_bytes)}" if gpu.vram_total_bytes else gpu.name
+        f"{gpu.name} {format_bytes(gpu.vram_total_bytes)}" if gpu.vram_total_bytes else gpu.name
         for gpu in profile.gpus
     ]
     return "Badges for this machine: " + ", ".join(parts)

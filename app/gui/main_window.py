@@ -64,6 +64,7 @@ from hearthside.app.gui.model_loader import (
     prepare_config,
     prepare_model,
 )
+from hearthside.app.gui.model_picker import ModelPickerController
 from hearthside.app.gui.models_page import ModelsPage
 from hearthside.app.gui.plan_content import default_probe
 from hearthside.app.gui.plan_page import PlanPage, plan_icon
@@ -71,8 +72,13 @@ from hearthside.app.gui.reply_writer import ReplyWriter
 from hearthside.app.gui.settings_dialog import (
     APPLIES_NOTE,
     SettingsDialog,
+    WindowSettings,
+    changes_message,
+    gather_settings,
+    keep_settings,
     parallel_text,
     read_parallel,
+    set_outside_fields,
     write_parallel,
 )
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
@@ -84,6 +90,7 @@ from hearthside.core.paths import data_dir
 if TYPE_CHECKING:
     from hearthside.app.gui.wizard import OptimizeWizard
     from hearthside.autotune.optimize import AppliedTuning
+    from hearthside.autotune.speed_limit import SpeedLimit
     from hearthside.core.engine.config import EngineConfig
     from hearthside.core.engine.metrics import GenerationMetrics, SpeculationStats
     from hearthside.core.engine.remote import RemoteConfig
@@ -195,6 +202,14 @@ class MainWindow(QMainWindow):
         self.session = ChatSession(
             self.store, self.bridge, self.chat_pane, self.reply_writer, parent=self
         )
+        self.model_picker = ModelPickerController(
+            self.chat_pane.model_picker,
+            self.bridge,
+            self.session,
+            profile_source=self._profile_source,
+            n_ctx=lambda: self.load_options.n_ctx,
+            parent=self,
+        )
         self._build_chrome()
         self._connect()
         self.apply_theme(dark=False)
@@ -211,7 +226,7 @@ class MainWindow(QMainWindow):
         self.sidebar_splitter.setStretchFactor(1, 1)
         self.sidebar_splitter.setSizes([260, 900])
         self.models_page = ModelsPage(self.root, self)
-        self.hardware_page = HardwarePage(self, probe_command=probe_command)
+        self.hardware_page = HardwarePage(self, probe_command=probe_command, service=self.service)
         # The plan page takes the Hardware page's profile; it probes only if it has none yet.
         self._probe = default_probe(probe_command)
         self.plan_page = PlanPage(self, settings=self.settings, probe=self._probe)
@@ -232,6 +247,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self.setStyleSheet(BAR_STYLE)
         self._build_toolbar()
+        column.insertWidget(0, self.api_switch.panel)  # the API's URL and key, full width
         self._build_status_bar()
         self._build_shortcuts()
 
@@ -266,7 +282,9 @@ class MainWindow(QMainWindow):
         toolbar.addAction(self.optimize_action)
         self.settings_action = QAction("Settings…", self)
         self.settings_action.setShortcut(QKeySequence(QKeySequence.StandardKey.Preferences))
-        self.settings_action.setToolTip("How models load: parallel requests")
+        self.settings_action.setToolTip(
+            "Default model, context, threads, parallel requests, the Local API port, the hub"
+        )
         self.settings_action.triggered.connect(self.edit_settings)
         toolbar.addAction(self.settings_action)
         spacer = QWidget(toolbar)
@@ -329,7 +347,11 @@ class MainWindow(QMainWindow):
         self.models_page.load_requested.connect(self._load_requested_model)
         self.models_page.remote_load_requested.connect(self._load_requested_remote)
         self.models_page.models_changed.connect(self.plan_page.reload_models)
+        self.models_page.models_changed.connect(self.model_picker.reload)
+        self.chat_pane.model_picker.model_chosen.connect(self.load_model)
+        self.model_picker.error.connect(self.show_error)
         self.hardware_page.profile_ready.connect(self.plan_page.set_profile)
+        self.hardware_page.calibrated.connect(self.plan_page.measurements_changed)
         self.plan_page.load_requested.connect(self._load_planned_config)
         self.banner.accepted.connect(self._optimize)
         self.banner.dismissed.connect(self._dismiss_banner)
@@ -342,6 +364,7 @@ class MainWindow(QMainWindow):
         self.service = service
         self.bridge.attach_service(service)
         self.api_switch.attach_service(service)
+        self.hardware_page.attach_service(service)
 
     def start(self, model_ref: str = "default", *, probe: bool = True) -> None:
         """Show the last chat, probe the hardware and get the model ready, without blocking."""
@@ -358,6 +381,7 @@ class MainWindow(QMainWindow):
         if probe:
             self.hardware_page.refresh()
         self.load_model(model_ref)
+        self.model_picker.reload()
         self.chat_pane.input.setFocus()
 
     def load_model(self, ref: str) -> None:
@@ -437,6 +461,7 @@ class MainWindow(QMainWindow):
         verb = "Connecting to" if self._loading_remote is not None else "Loading"
         self.model_label.setText(f"{verb} {name}…")
         self.speed_label.clear()
+        self.chat_pane.view.set_speed_limit(None)  # the limit was the last model's
 
     @Slot(object)
     def _on_model_loaded(self, loaded: LoadedModel) -> None:
@@ -451,7 +476,29 @@ class MainWindow(QMainWindow):
             why = f"\n{self._settings_why}" if self._settings_why else ""
             self.model_label.setToolTip(plain_tooltip(loaded.config.model_path + why))
             self.plan_page.set_loaded_model(loaded.model_id or loaded.config.model_path)
+            self._find_speed_limit(loaded)
         self.chat_pane.input.setFocus()
+
+    def _find_speed_limit(self, loaded: LoadedModel) -> None:
+        """Work out the loaded model's limit on this machine off the GUI thread (its file and
+        the calibration are read); the chat's notes compare each reply's speed with it."""
+        from hearthside.autotune.speed_meter import limit_for_config
+        from hearthside.autotune.wisdom import WisdomDB
+        from hearthside.core.engine.config import EngineConfig
+
+        config, profile = loaded.config, self._profile_source()
+        if not isinstance(config, EngineConfig):  # a remote server: its machine is not ours
+            return
+
+        def find() -> SpeedLimit | None:
+            with WisdomDB() as wisdom:
+                return limit_for_config(config, profile(), wisdom)
+
+        def found(limit: SpeedLimit | None) -> None:
+            if self.bridge.loaded_model == loaded:  # no other model was loaded meanwhile
+                self.chat_pane.view.set_speed_limit(limit)
+
+        run_in_background(find, found, lambda _error: None)  # no limit: notes say only tok/s
 
     @Slot(str)
     def _on_load_retried(self, why: str) -> None:
@@ -546,7 +593,9 @@ class MainWindow(QMainWindow):
         except HearthsideError as exc:
             self.show_error(exc)
             return
-        self.conversation_list.set_conversations(found, self.session.current_id)
+        self.conversation_list.set_conversations(
+            found, self.session.current_id, replying_id=self.session.replying_to
+        )
 
     @Slot(int)
     def _open_conversation(self, conversation_id: int) -> None:
@@ -569,12 +618,54 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def edit_settings(self) -> None:
-        """The window's settings; what changes applies at the next model load."""
-        dialog = SettingsDialog(self.load_options.n_parallel, self)
+        """The window's settings; what changes to loading applies at the next model load."""
+        options = self.load_options
+        try:
+            current, models = gather_settings(
+                options.n_parallel,
+                options.n_ctx,
+                options.n_threads,
+                self.api_switch.port_box.value(),
+                self.root,
+            )
+        except HearthsideError as exc:  # the model store is locked or damaged
+            self.show_error(exc)
+            return
+        dialog = SettingsDialog(
+            options.n_parallel,
+            self,
+            current=current,
+            models=models,
+            data_folder=self.root,
+            outside=set_outside_fields(),
+        )
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda: self.apply_settings(dialog.parallel()))
+        names = dict(models)
+        dialog.accepted.connect(lambda: self.apply_window_settings(current, dialog.chosen(), names))
         self.settings_dialog = dialog
         dialog.open()
+
+    def apply_window_settings(
+        self, before: WindowSettings, after: WindowSettings, model_names: dict[str, str]
+    ) -> None:
+        """Keep what the Settings dialog changed and say so in the message bar."""
+        try:
+            keep_settings(before, after, self.root)
+        except HearthsideError as exc:
+            self.show_error(exc, prefix="The settings were not saved. ")
+            return
+        write_parallel(self.settings, after.parallel)
+        if after.api_port != before.api_port:
+            self.api_switch.set_port(after.api_port)
+        self.load_options = replace(
+            self.load_options,
+            n_parallel=after.parallel,
+            n_ctx=after.n_ctx,
+            n_threads=after.n_threads,
+        )
+        message = changes_message(before, after, model_names)
+        if message:
+            self.message_bar.show_text(message, error=False)
 
     def apply_settings(self, parallel: int | None) -> None:
         """Keep `parallel` (None: Auto) for the next loads, here and in window.ini."""
@@ -665,9 +756,20 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _apply_tuning(self, tuning: AppliedTuning) -> None:
-        """Reload the tuned model: it loads with the settings the wizard measured and saved,
-        at the chat's own context length (the wizard measures at a fixed, shorter one)."""
+        """Say what changed, refresh the pages that show measurements, and reload the tuned
+        model: it loads with the settings the wizard measured and saved, at the chat's own
+        context length (the wizard measures at a fixed, shorter one)."""
+        from hearthside.app.gui.wizard import applied_text
+
+        self.message_bar.show_text(applied_text(tuning), error=False)
+        self.measurements_changed()
         self.load_model(tuning.model_id)
+
+    @Slot()
+    def measurements_changed(self) -> None:
+        """A calibration or a tuning was stored: the Hardware and Plan pages read them again."""
+        self.hardware_page.reload_calibration()
+        self.plan_page.measurements_changed()
 
     @Slot()
     def _dismiss_banner(self) -> None:

@@ -20,10 +20,8 @@ from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVB
 from hearthside.autotune.memory import CPU
 from hearthside.autotune.planner import DeviceBudget
 from hearthside.autotune.serving import GpuMemory
+from hearthside.core.units import format_bytes
 
-KIB = 1024
-MIB = 1024**2
-GIB = 1024**3
 OVER_CAPACITY_COLOR = "#d32f2f"
 # Mid-tone colours that read on both the light and the dark palette.
 SEGMENT_STYLE: dict[str, tuple[str, str]] = {
@@ -50,17 +48,6 @@ class BarSegment:
     label: str
     size_bytes: int
     color: str | None  # None: the free part, drawn in the palette's background tone
-
-
-def human_bytes(size_bytes: int) -> str:
-    """Binary units, as memory is counted: 827 MiB, 21.5 GiB."""
-    size = abs(size_bytes)
-    sign = "-" if size_bytes < 0 else ""
-    if size >= GIB:
-        return f"{sign}{size / GIB:.1f} GiB"
-    if size >= MIB:
-        return f"{sign}{size / MIB:.0f} MiB"
-    return f"{sign}{size / KIB:.0f} KiB"
 
 
 def bar_segments(budget: DeviceBudget, labels: Mapping[str, str] | None = None) -> list[BarSegment]:
@@ -99,9 +86,9 @@ def device_title(budget: DeviceBudget) -> str:
 
 
 def usage_text(budget: DeviceBudget) -> str:
-    used, capacity = human_bytes(budget.used_bytes), human_bytes(budget.capacity_bytes)
+    used, capacity = format_bytes(budget.used_bytes), format_bytes(budget.capacity_bytes)
     if budget.free_bytes < 0:
-        return f"needs {used}, only {capacity} usable — {human_bytes(-budget.free_bytes)} short"
+        return f"needs {used}, only {capacity} usable — {format_bytes(-budget.free_bytes)} short"
     return f"{used} of {capacity} usable"
 
 
@@ -129,7 +116,7 @@ class MemoryBar(QWidget):
         return self.budget.free_bytes < 0
 
     def summary(self) -> str:
-        parts = [f"{s.label} {human_bytes(s.size_bytes)}" for s in self.segments]
+        parts = [f"{s.label} {format_bytes(s.size_bytes)}" for s in self.segments]
         return f"{self.budget.device}: {usage_text(self.budget)} ({', '.join(parts)})"
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
@@ -224,7 +211,7 @@ class DeviceMemoryView(QWidget):
                 f"background: {fill}; border: 1px solid palette(mid); border-radius: 2px;"
             )
             suffix = f" {extra[segment.kind]}" if segment.kind in extra else ""
-            text = QLabel(f"{segment.label} {human_bytes(segment.size_bytes)}{suffix}")
+            text = QLabel(f"{segment.label} {format_bytes(segment.size_bytes)}{suffix}")
             self.legend_labels[segment.kind] = text
             row, column = divmod(index, 2 if extra else 3)
             legend.addWidget(swatch, row, column * 2, Qt.AlignmentFlag.AlignVCenter)
@@ -245,7 +232,7 @@ class ServingGpuView(DeviceMemoryView):
             serving_budget(gpu),
             parent,
             title=f"{gpu.device} · {name}",
-            usage=f"{human_bytes(used)} of {human_bytes(gpu.total_bytes)} in use",
+            usage=f"{format_bytes(used)} of {format_bytes(gpu.total_bytes)} in use",
             labels=SERVING_LABELS,
             legend_extra={"kv": f"({gpu.kv_tokens:,} tokens)"},
         )

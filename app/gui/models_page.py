@@ -49,8 +49,9 @@ from hearthside.app.gui.labels import plain_tooltip
 from hearthside.app.gui.message_bar import MessageBar
 from hearthside.app.gui.workers import BackgroundTask, MainThreadRelay, run_in_background
 from hearthside.core.errors import HearthsideError, describe_error
-from hearthside.core.models.store import ModelRecord, ModelStore, human_size
+from hearthside.core.models.store import ModelRecord, ModelStore
 from hearthside.core.paths import data_dir
+from hearthside.core.units import format_bytes
 
 if TYPE_CHECKING:
     from hearthside.app.gui.hub_dialog import HubDialog
@@ -112,7 +113,7 @@ def row_texts(record: ModelRecord) -> tuple[str, ...]:
     name = record.name + (" (linked)" if record.linked else "")
     return (
         name,
-        human_size(record.size_bytes),
+        format_bytes(record.size_bytes),
         quant_label(record),
         parameters_label(record.parameter_count),
         record.architecture or "?",
@@ -284,7 +285,7 @@ class ModelsPage(QWidget):
         return self._hub_dialog
 
     def _downloaded(self, record: ModelRecord) -> None:
-        self.show_message(f"Downloaded {record.name} ({human_size(record.size_bytes)}).")
+        self.show_message(f"Downloaded {record.name} ({format_bytes(record.size_bytes)}).")
         self._show_new_model(record)
 
     # -- remote servers --
@@ -616,7 +617,7 @@ class ModelsPage(QWidget):
 
     def _confirm_remove(self, record: ModelRecord) -> bool:
         if self._store.owns_file(record):
-            fate = f"Its file ({human_size(record.size_bytes)}) will be deleted."
+            fate = f"Its file ({format_bytes(record.size_bytes)}) will be deleted."
         else:
             fate = f"Its file stays where it is:\n{record.path}"
         answer = QMessageBox.question(self, "Remove model", f"Remove {record.name}?\n\n{fate}")
@@ -690,7 +691,7 @@ class ModelsPage(QWidget):
     def _added(self, record: ModelRecord) -> None:
         self._job_finished()
         hint = "" if self._default_id() else " Make it the default with “Set as default”."
-        self.show_message(f"Added {record.name} ({human_size(record.size_bytes)}).{hint}")
+        self.show_message(f"Added {record.name} ({format_bytes(record.size_bytes)}).{hint}")
         self._show_new_model(record)
         self._start_next_add()
 
@@ -737,7 +738,7 @@ class ModelsPage(QWidget):
 
     def _variant_made(self, record: ModelRecord) -> None:
         self._job_finished()
-        self.show_message(f"Made {record.name}: {human_size(record.size_bytes)}.")
+        self.show_message(f"Made {record.name}: {format_bytes(record.size_bytes)}.")
         self._show_new_model(record)
 
     def _variant_failed(self, target: str, error: BaseException) -> None:
@@ -762,7 +763,7 @@ class _Job:
 
 
 def copy_progress_text(done_bytes: int, total_bytes: int) -> str:
-    return f"Copying {human_size(done_bytes)} of {human_size(total_bytes)}"
+    return f"Copying {format_bytes(done_bytes)} of {format_bytes(total_bytes)}"
 
 
 # ---- the "Make a quantized variant" dialog ---------------------------------------------------
@@ -820,7 +821,7 @@ class QuantizeDialog(QDialog):
             self.plan_label.setText(exc.user_text())
             self.ok_button.setEnabled(False)
             return
-        text = f"Makes “{plan.name}”, about {human_size(plan.estimated_bytes)}."
+        text = f"Makes “{plan.name}”, about {format_bytes(plan.estimated_bytes)}."
         self.plan_label.setText("\n\n".join([text, *plan.warnings]))
         self.ok_button.setEnabled(True)
 

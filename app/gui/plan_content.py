@@ -18,7 +18,6 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hearthside.app.gui.memory_bar import human_bytes
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.family_quality import kv_priors_of
 from hearthside.autotune.fingerprint import tuning_key
@@ -57,6 +56,7 @@ from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
 from hearthside.core.probe.spec import ClusterSpec, load_cluster_spec
+from hearthside.core.units import format_bytes
 
 if TYPE_CHECKING:  # the tuner loads the engine (llama.cpp): not before the window shows
     from hearthside.autotune.tuner import StoredSpeculation
@@ -450,8 +450,9 @@ def _short_text(candidate: Candidate) -> str:
     fewer_layers = "" if worst.device == CPU else "put fewer layers on the GPU, "
     fewer_slots = "answer fewer requests at once, " if candidate.config.n_parallel > 1 else ""
     return (
-        f"Doesn't fit: {worst.device} needs {human_bytes(worst.used_bytes)} but only "
-        f"{human_bytes(worst.capacity_bytes)} is usable ({human_bytes(-worst.free_bytes)} short). "
+        f"Doesn't fit: {worst.device} needs {format_bytes(worst.used_bytes)} but only "
+        f"{format_bytes(worst.capacity_bytes)} is usable "
+        f"({format_bytes(-worst.free_bytes)} short). "
         f"Lower the context, {fewer_slots}{fewer_layers}pick a smaller KV cache type or keep "
         "less memory free."
     )
@@ -604,7 +605,7 @@ def vllm_blocks(command: Sequence[str], setup: ClusterSetup | None) -> tuple[Com
         for variable in setup.environment
     )
     head = "\n".join(shlex.join(line) for line in setup.head_commands)
-    head += "\n# once `ray status` lists every GPU:\n" + serve
+    head += "\n# once ray status lists every GPU:\n" + serve
     workers = "\n".join(shlex.join(line) for line in setup.worker_commands)
     return (
         CommandBlock("On every node (fill in the placeholders)", exports),

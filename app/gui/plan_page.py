@@ -94,11 +94,11 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.spec import ClusterSpec
+from hearthside.core.units import GIB
 
 if TYPE_CHECKING:
     from hearthside.autotune.tuner import StoredSpeculation
 
-GIB = 1024**3
 KEEP_FREE_KEY = "plan/keep_free_gb"
 WHAT_IF_PREFIX = "What if: "
 WHAT_IF_NOTE = "A what-if: there is no file to load. Add or download one on the Models page."
@@ -209,6 +209,7 @@ class PlanPage(QWidget):
         self._task: BackgroundTask[PlanView] | BackgroundTask[RecipeOutcome] | None = None
         self._probe_task: BackgroundTask[HardwareProfile] | None = None
         self._wanted = False  # a plan was asked for while busy or without a profile
+        self._outdated = False  # measurements changed since the shown plan was made
         self._replan_timer = QTimer(self)
         self._replan_timer.setSingleShot(True)
         self._replan_timer.setInterval(REPLAN_DELAY_MS)
@@ -226,6 +227,13 @@ class PlanPage(QWidget):
         self.profile = profile
         self._update_override_limits()
         if self.cluster is None and (self._wanted or self.isVisible()):
+            self.request_plan()
+
+    def measurements_changed(self) -> None:
+        """A new calibration or tuning result: plan again now when the page shows, else the
+        next time it does (its shown plan is out of date either way)."""
+        self._outdated = True
+        if self.isVisible() and not self.busy:
             self.request_plan()
 
     def set_loaded_model(self, ref: str | None) -> None:
@@ -427,6 +435,7 @@ class PlanPage(QWidget):
             self._start_recipe(request)
             return
         self._set_busy(True, "Planning…")
+        self._outdated = False
         self._task = run_in_background(
             lambda: compute_plan(request, profile), self._planned, self._plan_failed
         )
@@ -513,7 +522,7 @@ class PlanPage(QWidget):
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt's name)
         super().showEvent(event)
         stale = self._shown_key() is None or self._shown_key() != self.current_key()
-        if stale and not self.busy:
+        if (stale or self._outdated) and not self.busy:
             self.request_plan()
 
     # -- showing --
@@ -839,7 +848,7 @@ class PlanPage(QWidget):
         self.keep_free_box.setRange(0.0, 1024.0)
         self.keep_free_box.setSingleStep(0.5)
         self.keep_free_box.setDecimals(1)
-        self.keep_free_box.setSuffix(" GB")
+        self.keep_free_box.setSuffix(" GiB")
         self.keep_free_box.setValue(self._stored_keep_free_gb())
         self.keep_free_box.setToolTip(KEEP_FREE_TIP)
         self.keep_free_box.valueChanged.connect(self._keep_free_changed)

@@ -12,6 +12,14 @@ the window it plans the default model for the sample machine as probed (CPU-only
 Two more show the recipe view for what-if hardware: Llama 3.1 405B on the 8x H100 example
 (one node, vLLM with tensor parallelism) and Qwen3 235B-A22B on two DGX Sparks (Ray across
 two nodes).
+
+`--tour` instead makes the screenshots of docs/first-ten-minutes.md: the real window on this
+machine (its real probe), at 1024×700 and 1366×850 — chat, models, hardware, plan, the wizard's
+result, the Local API switched on with its request log, and the settings; `--measure` first
+presses "Measure this machine" and waits for the calibration (a minute or more).
+
+    xvfb-run -a -s "-screen 0 1400x900x24" .venv/bin/python -m hearthside.app.gui.screenshots \
+        docs/screens --tour --measure
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import QApplication, QWidget
+
+from hearthside.core.paths import HOME_ENV
 
 if TYPE_CHECKING:
     from hearthside.core.engine.service import EngineService
@@ -69,6 +79,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("outdir", type=Path, help="folder for the PNG files")
     parser.add_argument("--home", type=Path, help="data dir to use (default: a fresh temp dir)")
     parser.add_argument("--model", type=Path, help="a GGUF to register instead of installing")
+    parser.add_argument("--tour", action="store_true", help="the walkthrough's screenshots")
+    parser.add_argument("--measure", action="store_true", help="calibrate first (with --tour)")
     return parser.parse_args(argv)
 
 
@@ -79,10 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # offscreen plugin renders the same widgets with the same fonts.
     os.environ.setdefault("QT_QPA_PLATFORM", "xcb;offscreen")
     with tempfile.TemporaryDirectory(prefix="hearthside-shots-") as scratch:
-        os.environ["HEARTHSIDE_HOME"] = str(args.home or scratch)
+        os.environ[HOME_ENV] = str(args.home or scratch)
         app = QApplication.instance() or QApplication([sys.argv[0]])
         app.setApplicationName("Hearthside")
-        written = render_all(args.outdir, args.model)
+        if args.tour:
+            written = render_tour(args.outdir, args.model, measure=args.measure)
+        else:
+            written = render_all(args.outdir, args.model)
     for path in written:
         print(path)
     return 0
@@ -349,6 +364,126 @@ def sample_probe_command() -> list[str]:
     recorded = data_dir() / "sample_profile.json"
     recorded.write_text(sample_profile().to_json(), encoding="utf-8")
     return [sys.executable, "-c", "import sys; print(open(sys.argv[1]).read())", str(recorded)]
+
+
+# ---- the walkthrough (docs/first-ten-minutes.md) ----------------------------------------------
+
+TOUR_SIZES = ((1024, 700), (1366, 850))
+MEASURE_TIMEOUT_S = 900.0
+
+
+def render_tour(outdir: Path, model: Path | None, *, measure: bool) -> list[Path]:
+    """The real window on this machine, page by page, at each of TOUR_SIZES."""
+    from hearthside.app.gui import main_window as module
+    from hearthside.core.engine.service import EngineService
+
+    register_model(model)
+    with EngineService() as service:
+        window = module.MainWindow(service)
+        window.show()
+        loaded: list[object] = []
+        window.bridge.load_finished.connect(loaded.append)
+        try:
+            window.start("default")
+            wait_until(lambda: bool(loaded), REPLY_TIMEOUT_S)
+            wait_until(lambda: window.hardware_page.profile is not None, REPLY_TIMEOUT_S)
+            if measure:
+                measure_this_machine(window)
+            short_greedy_replies(window)
+            ask_one_question(window)
+            return [path for size in TOUR_SIZES for path in tour_at(window, module, outdir, size)]
+        finally:
+            window.close()
+
+
+def short_greedy_replies(window: Any) -> None:
+    """A reply that ends within the shots' time on a small, busy machine."""
+    from hearthside.app.gui.chat_settings_dialog import ChatSettings
+    from hearthside.core.engine.config import SamplingParams
+
+    sampling = SamplingParams(temperature=0.0, max_tokens=48, seed=1)
+    window.session.apply_settings(ChatSettings("", sampling))
+
+
+def measure_this_machine(window: Any) -> None:
+    page = window.hardware_page
+    done: list[bool] = []
+    page.calibrated.connect(lambda: done.append(True))
+    page.measure_machine()
+    if not wait_until(lambda: bool(done), MEASURE_TIMEOUT_S):
+        print("the calibration did not finish in time; the shots show none", file=sys.stderr)
+
+
+def tour_at(window: Any, module: Any, outdir: Path, size: tuple[int, int]) -> list[Path]:
+    suffix = f"{size[0]}x{size[1]}"
+    written = []
+    window.api_switch.stop()
+    for page, name in (
+        (module.CHAT_PAGE, "chat"),
+        (module.MODELS_PAGE, "models"),
+        (module.HARDWARE_PAGE, "hardware"),
+    ):
+        window.show_page(page)
+        written.append(save(window, outdir / f"{name}-{suffix}.png", size))
+        window.show()
+    window.show_page(module.PLAN_PAGE)
+    shown_plan(window.plan_page)
+    written.append(save(window, outdir / f"plan-{suffix}.png", size))
+    window.show()
+    written.append(api_on(window, module, outdir / f"api-{suffix}.png", size))
+    written.append(wizard_result(window, outdir / f"wizard-result-{suffix}.png", size))
+    written.append(settings_dialog(window, outdir / f"settings-{suffix}.png"))
+    return written
+
+
+def api_on(window: Any, module: Any, path: Path, size: tuple[int, int]) -> Path:
+    """The chat with the Local API on, after two requests, its log open."""
+    import threading
+
+    import httpx
+
+    switch = window.api_switch
+    window.show_page(module.CHAT_PAGE)
+    switch.port_box.setValue(free_port())
+    switch.toggle.click()
+    wait_until(lambda: switch.running, START_TIMEOUT_S)
+    headers = {"Authorization": f"Bearer {switch.api_key}"}
+    body = {"model": "default", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 8}
+
+    def two_requests() -> None:  # off the GUI thread: the window keeps drawing meanwhile
+        with httpx.Client(base_url=switch.url, headers=headers, timeout=120) as client:
+            client.get("/models")
+            client.post("/chat/completions", json=body)
+
+    client_thread = threading.Thread(target=two_requests, daemon=True)
+    client_thread.start()
+    wait_until(lambda: not client_thread.is_alive(), REPLY_TIMEOUT_S * 2)
+    wait_until(lambda: switch.log_table.rowCount() >= 2, START_TIMEOUT_S)
+    switch.log_button.setChecked(True)
+    shot = save(window, path, size)
+    window.show()
+    switch.log_button.setChecked(False)
+    return shot
+
+
+def wizard_result(window: Any, path: Path, size: tuple[int, int]) -> Path:
+    """The wizard's result page (a recorded real run), at most as large as the window."""
+    from hearthside.app.gui.wizard import PAGE_RESULT, wizard_for_screenshots
+
+    wizard = wizard_for_screenshots(PAGE_RESULT, parent=None)
+    try:
+        return save(wizard, path, (min(size[0], WIZARD_SIZE[0]), size[1]))
+    finally:
+        wizard.close()
+
+
+def settings_dialog(window: Any, path: Path) -> Path:
+    window.edit_settings()
+    dialog = window.settings_dialog
+    try:
+        return save(dialog, path, (640, 0))
+    finally:
+        dialog.reject()
 
 
 # ---- helpers ---------------------------------------------------------------------------------

@@ -21,11 +21,11 @@ from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from hearthside.autotune.tuner import TuneEvent
 from hearthside.autotune.wisdom import config_key
+from hearthside.core.units import format_bytes
 
 EntryState = Literal[
     "measuring", "measured", "reused", "failed", "oom", "crashed", "skipped", "stopped"
 ]
-MIB = 1024 * 1024
 MIN_GROUPS = 6  # so two candidates do not become two giant bars
 LEFT, RIGHT, TOP = 48.0, 12.0, 34.0
 LABEL_LINES = 3  # two of settings, one of quality
@@ -73,11 +73,7 @@ def candidate_label(
 
 
 def memory_text(size_bytes: int | None) -> str:
-    if size_bytes is None:
-        return "–"
-    if size_bytes >= 1024 * MIB:
-        return f"{size_bytes / (1024 * MIB):.1f} GiB"
-    return f"{size_bytes / MIB:.0f} MiB"
+    return format_bytes(size_bytes, unknown="–")
 
 
 def entry_description(entry: ChartEntry) -> str:

@@ -113,10 +113,10 @@ from hearthside.core.errors import (
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
+from hearthside.core.units import format_bytes
 
 ProfileSource = HardwareProfile | Callable[[], HardwareProfile] | None
 PAGE_FOUND, PAGE_GOAL, PAGE_MEASURE, PAGE_RESULT = range(4)
-GIB = 1024**3
 DEFAULT_GOAL: Goal = "balanced"
 GOAL_TEXT: dict[str, tuple[str, str]] = {
     "fastest": (
@@ -163,7 +163,7 @@ def summary_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
         ("Instruction sets", " · ".join(flag.upper() for flag in cpu.flags) or "none known"),
         ("Memory", _memory_text(memory.total_bytes, memory.available_bytes)),
     ]
-    gpus = [f"{gpu.name}, {_gib(gpu.vram_total_bytes)}" for gpu in profile.gpus]
+    gpus = [f"{gpu.name}, {format_bytes(gpu.vram_total_bytes)}" for gpu in profile.gpus]
     rows.append(("Graphics", "; ".join(gpus) or "none found: the CPU runs the model"))
     engine = profile.engine
     if engine is not None:
@@ -341,13 +341,9 @@ Runner = ServiceTuneRunner | RecordedTuneRunner
 # ---- small widgets ---------------------------------------------------------------------------
 
 
-def _gib(value: int | None) -> str:
-    return f"{value / GIB:.1f} GiB" if value else "unknown"
-
-
 def _memory_text(total: int | None, available: int | None) -> str:
-    text = _gib(total)
-    return f"{text} ({_gib(available)} free)" if available is not None else text
+    text = format_bytes(total)
+    return f"{text} ({format_bytes(available)} free)" if available is not None else text
 
 
 def _budget_text(seconds: int) -> str:
@@ -894,7 +890,7 @@ class ResultPage(QWizardPage):
         self.headline.setText(f"{name}: about {planned.speed.decode_tps:.1f} tok/s here")
         used = sum(device.used_bytes for device in planned.devices)
         self.subline.setText(
-            f"An estimate ({planned.confidence}): it needs about {_gib(used)}, "
+            f"An estimate ({planned.confidence}): it needs about {format_bytes(used)}, "
             f"{'fits' if planned.fits else 'does not fit'} in memory, and answers the first "
             f"{TUNING_CONTEXT}-token prompt in about {planned.speed.ttft_s:.1f} s."
         )
@@ -958,13 +954,77 @@ class ResultPage(QWizardPage):
         self.error.show()
 
 
+# What each of the planner's setting names means to a person; names not here are shown as
+# they are. "recipe" names a curated prior by its id: the other rows say what it set.
+SETTING_WORDS = {
+    "n_gpu_layers": "Layers on the graphics processor",
+    "n_ctx": "Context",
+    "type_k/type_v": "Conversation memory (KV cache)",
+    "type_k": "Conversation memory (KV cache)",
+    "flash_attn": "Flash attention",
+    "n_parallel": "Parallel requests",
+    "n_threads": "Threads writing the answer",
+    "n_threads_batch": "Threads reading the prompt",
+    "n_ubatch": "Prompt chunk",
+    "use_mmap": "Reading the model file",
+    "decode": "Writing speed",
+    "weight costs": "Speed figures",
+    "experts": "Experts",
+}
+HIDDEN_SETTINGS = {"recipe"}
+# The planner words these for the terminal (a command that measures); the window has a button.
+WINDOW_WHY = {
+    "weight costs": "The speeds of weight types this machine has not measured are estimated "
+    "from similar types; measuring this model (Optimize) measures them too.",
+}
+VALUE_WORDS = {
+    ("n_gpu_layers", "0"): "none: the processor does all the work",
+    ("n_gpu_layers", "all"): "all of them",
+    ("type_k/type_v", "f16"): "full precision (f16)",
+    ("type_k/type_v", "q8_0"): "8-bit (q8_0): half the memory, about the same quality",
+    ("type_k/type_v", "q4_0"): "4-bit (q4_0): a quarter of the memory, some quality lost",
+}
+
+
+def plain_reason(reason: Reason) -> tuple[str, str, str] | None:
+    """(what, value, why) in a person's words; None for the planner's internal rows."""
+    if reason.setting in HIDDEN_SETTINGS:
+        return None
+    what = SETTING_WORDS.get(reason.setting, reason.setting)
+    value = VALUE_WORDS.get((reason.setting, reason.value), reason.value)
+    if reason.setting == "n_ctx" and reason.value.isdigit():
+        value = f"{reason.value} tokens"
+    return what, value, WINDOW_WHY.get(reason.setting, reason.why)
+
+
 def _reasons_html(reasons: Sequence[Reason]) -> str:
+    plain = [shown for shown in map(plain_reason, reasons) if shown is not None]
     items = "".join(
-        f"<li><b>{html.escape(reason.setting)} = {html.escape(reason.value)}</b>: "
-        f"{html.escape(reason.why)}</li>"
-        for reason in reasons
+        f"<li><b>{html.escape(what)}: {html.escape(value)}</b>. {html.escape(why)}</li>"
+        for what, value, why in plain
     )
     return f"<b>Why</b><ul style='margin-left:-20px'>{items}</ul>" if items else ""
+
+
+def applied_text(tuning: AppliedTuning) -> str:
+    """The window's confirmation after Apply: what changed, and what it measured."""
+    config = tuning.config
+    threads = config.n_threads
+    parts = [f"{threads} thread{'' if threads == 1 else 's'}" if threads else "one thread per core"]
+    parts.append(f"flash attention {'on' if config.flash_attn else 'off'}")
+    if config.type_k != "f16":
+        parts.append(f"a {config.type_k} conversation memory")
+    gain = (
+        f": {tuning.speedup:.1f}× faster than llama.cpp's own settings, measured here"
+        if tuning.speedup is not None and tuning.speedup >= 1.05
+        else ": as fast as llama.cpp's own settings, measured here"
+        if tuning.speedup is not None
+        else ""
+    )
+    return (
+        f"{tuning.model_name} now runs with {', '.join(parts)}{gain}. "
+        "Reloading it with these settings…"
+    )
 
 
 # ---- the wizard ------------------------------------------------------------------------------

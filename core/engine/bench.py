@@ -3,6 +3,8 @@
 Like llama-bench, it times llama_decode on random tokens (no tokenizing, no sampling), warms
 up first, repeats, and reports the median with the spread, plus the exact config that ran.
 Warm-up is by time, not by count, so a cold page cache or a clocking-up CPU settles first.
+`hearthside bench` adds the tgN median's share of this machine's limit for the model as loaded
+(`speed_of_light`, from autotune/speed_limit.py; None where the machine's bandwidth is unknown).
 """
 
 from __future__ import annotations
@@ -42,12 +44,20 @@ class BenchReport:
     config: dict[str, Any]
     results: tuple[BenchStat, ...]
     schema: int = 1
+    # the decode median against this machine's limit: `SpeedOfLight.to_dict()` with "test"
+    # and "limit" (`SpeedLimit.to_dict()`); None when no limit is known
+    speed_of_light: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def stat(self, test: str) -> BenchStat:
         return next(result for result in self.results if result.test == test)
+
+    @property
+    def decode(self) -> BenchStat | None:
+        """The token-generation test (tgN), if one ran."""
+        return next((result for result in self.results if result.test.startswith("tg")), None)
 
 
 def run_bench(

@@ -9,6 +9,12 @@ anything else is our bug and propagates. A damaged file is reported, never repla
 A reply is written while it streams: the window inserts the assistant message (incomplete)
 when the reply starts, rewrites its text at every flush and marks it complete at the end, so a
 `kill -9` mid-reply loses nothing that was already on screen.
+
+Each reply keeps the model that wrote it (schema 2; replies saved before that have none, and
+show none rather than a wrong one). Regenerating a reply keeps the earlier text as a version:
+the `messages` row always holds the version shown (what the model is given in later turns),
+`reply_versions` holds the others, and flipping swaps one in — so every other reader of the
+history (the terminal chat, the API) sees one plain message per turn.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import ensure_private_dir
 from hearthside.core.serialize import from_jsonable, to_jsonable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DB_FILE_NAME = "history.db"
 DEFAULT_TITLE = "New chat"
 TITLE_MAX_CHARS = 48
@@ -77,6 +83,10 @@ class StoredMessage:
     created_at: str
     complete: bool
     metrics: GenerationMetrics | None
+    model_id: str | None = None  # the registry id of the model that wrote this reply
+    model_name: str | None = None  # its name then; None for replies saved before schema 2
+    version: int = 1  # which of the reply's versions this is (1 = the first written)
+    version_count: int = 1  # how many versions regenerating has made
 
     @property
     def stopped(self) -> bool:
@@ -139,11 +149,33 @@ def _create_schema_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX conversations_by_update ON conversations (updated_at DESC)")
 
 
+def _add_reply_models_and_versions(conn: sqlite3.Connection) -> None:
+    # Replies written before this schema keep NULL: their model is unknown, not the one loaded.
+    conn.execute("ALTER TABLE messages ADD COLUMN model_id TEXT")
+    conn.execute("ALTER TABLE messages ADD COLUMN model_name TEXT")
+    conn.execute("ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 1")
+    conn.execute(
+        """
+        CREATE TABLE reply_versions (
+            message_id INTEGER NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+            version INTEGER NOT NULL,
+            content TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            metrics TEXT,
+            complete INTEGER NOT NULL CHECK (complete IN (0, 1)),
+            model_id TEXT,
+            model_name TEXT,
+            PRIMARY KEY (message_id, version)
+        )
+        """
+    )
+
+
 HISTORY = DatabaseKind(
     label="Hearthside's chat history (history.db)",
     file_name=DB_FILE_NAME,
     schema_version=SCHEMA_VERSION,
-    migrations={0: _create_schema_v1},
+    migrations={0: _create_schema_v1, 1: _add_reply_models_and_versions},
     error=HistoryError,
     damaged_hint="Close Hearthside and move history.db (and history.db-wal, if present) out "
     "of its data folder to keep a copy; Hearthside then starts a new, empty history. Your "
@@ -219,7 +251,17 @@ def _message_from_row(row: sqlite3.Row) -> StoredMessage:
         created_at=row["created_at"],
         complete=bool(row["complete"]),
         metrics=_metrics_from_json(row["metrics"]),
+        model_id=row["model_id"],
+        model_name=row["model_name"],
+        version=row["version"],
+        version_count=row["version_count"],
     )
+
+
+_SELECT_MESSAGES = (
+    "SELECT m.*, 1 + (SELECT COUNT(*) FROM reply_versions AS v WHERE v.message_id = m.id) "
+    "AS version_count FROM messages AS m"
+)
 
 
 def _utc_now() -> str:
@@ -325,12 +367,13 @@ class ConversationStore:
 
     def messages(self, conversation_id: int) -> builtins.list[StoredMessage]:
         rows = self._read(
-            "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position", [conversation_id]
+            f"{_SELECT_MESSAGES} WHERE m.conversation_id = ? ORDER BY m.position",
+            [conversation_id],
         )
         return [_message_from_row(row) for row in rows]
 
     def message(self, message_id: int) -> StoredMessage:
-        rows = self._read("SELECT * FROM messages WHERE id = ?", [message_id])
+        rows = self._read(f"{_SELECT_MESSAGES} WHERE m.id = ?", [message_id])
         if not rows:
             raise HistoryError("That message no longer exists.")
         return _message_from_row(rows[0])
@@ -343,8 +386,11 @@ class ConversationStore:
         *,
         complete: bool = True,
         metrics: GenerationMetrics | None = None,
+        model_id: str | None = None,
+        model_name: str | None = None,
     ) -> StoredMessage:
-        """Append a message. The first user message of an untitled chat names the chat."""
+        """Append a message (a reply with the model writing it). The first user message of an
+        untitled chat names the chat."""
         if role not in _ROLES:
             raise ValueError(f"unknown role {role!r}")
         with classified_errors(HISTORY), transaction(self._conn):
@@ -352,9 +398,9 @@ class ConversationStore:
             position = self._next_position(conversation_id)
             cursor = self._conn.execute(
                 "INSERT INTO messages (conversation_id, position, role, content, created_at, "
-                "metrics, complete) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "metrics, complete, model_id, model_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [conversation_id, position, role, content, _utc_now(),
-                 _metrics_to_json(metrics), int(complete)],
+                 _metrics_to_json(metrics), int(complete), model_id, model_name],
             )  # fmt: skip
             title = conversation.title
             if (
@@ -404,6 +450,44 @@ class ConversationStore:
             self._delete_after(message.conversation_id, message.position)
         return self.messages(message.conversation_id)
 
+    def new_version(
+        self, message_id: int, *, model_id: str | None = None, model_name: str | None = None
+    ) -> StoredMessage:
+        """Regenerate: keep the reply's shown text as a version and start a new, empty and
+        incomplete one in its place (same message id), written by `model_name`."""
+        with classified_errors(HISTORY), transaction(self._conn):
+            shown = self.message(message_id)
+            self._archive(shown)
+            self._conn.execute(
+                "UPDATE messages SET content = '', complete = 0, metrics = NULL, created_at = ?, "
+                "model_id = ?, model_name = ?, version = ? WHERE id = ?",
+                [_utc_now(), model_id, model_name, shown.version_count + 1, message_id],
+            )
+        return self.message(message_id)
+
+    def show_version(self, message_id: int, version: int) -> StoredMessage:
+        """Make `version` (1 ... version_count) the reply's shown version: the one the view
+        shows and the model reads in later turns."""
+        with classified_errors(HISTORY), transaction(self._conn):
+            shown = self.message(message_id)
+            if version != shown.version:
+                self._archive(shown)
+                self._restore(message_id, version)
+        return self.message(message_id)
+
+    def drop_shown_version(self, message_id: int) -> StoredMessage | None:
+        """Forget the shown version (a regenerated reply that failed before writing anything):
+        the latest earlier version is shown again; with none, the message goes. None then."""
+        with classified_errors(HISTORY), transaction(self._conn):
+            row = self._conn.execute(
+                "SELECT MAX(version) FROM reply_versions WHERE message_id = ?", [message_id]
+            ).fetchone()
+            if row[0] is None:
+                self._conn.execute("DELETE FROM messages WHERE id = ?", [message_id])
+                return None
+            self._restore(message_id, int(row[0]))
+        return self.message(message_id)
+
     def delete_message(self, message_id: int) -> None:
         self._write("DELETE FROM messages WHERE id = ?", [message_id])
 
@@ -419,6 +503,34 @@ class ConversationStore:
         if not name.isidentifier():
             raise ValueError(f"not a pragma name: {name!r}")
         return self._conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+    def _archive(self, message: StoredMessage) -> None:
+        self._conn.execute(
+            "INSERT INTO reply_versions (message_id, version, content, created_at, metrics, "
+            "complete, model_id, model_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [message.id, message.version, message.content, message.created_at,
+             _metrics_to_json(message.metrics), int(message.complete), message.model_id,
+             message.model_name],
+        )  # fmt: skip
+
+    def _restore(self, message_id: int, version: int) -> None:
+        """Move archived `version` into the messages row (whose own text is archived first)."""
+        kept = self._conn.execute(
+            "SELECT * FROM reply_versions WHERE message_id = ? AND version = ?",
+            [message_id, version],
+        ).fetchone()
+        if kept is None:
+            raise HistoryError("That version of the reply no longer exists.")
+        self._conn.execute(
+            "UPDATE messages SET content = ?, created_at = ?, metrics = ?, complete = ?, "
+            "model_id = ?, model_name = ?, version = ? WHERE id = ?",
+            [kept["content"], kept["created_at"], kept["metrics"], kept["complete"],
+             kept["model_id"], kept["model_name"], version, message_id],
+        )  # fmt: skip
+        self._conn.execute(
+            "DELETE FROM reply_versions WHERE message_id = ? AND version = ?",
+            [message_id, version],
+        )
 
     def _next_position(self, conversation_id: int) -> int:
         row = self._conn.execute(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from hearthside.core.probe.profile import Advice, GpuInfo, HardwareProfile
+from hearthside.core.units import GIB
 
-GIB = 1024**3
 LOW_AVAILABLE_MEMORY_BYTES = 2 * GIB
 # ggml backend registry names that can drive each vendor's GPUs (case-insensitive).
 BACKENDS_FOR_VENDOR = {

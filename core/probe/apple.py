@@ -20,11 +20,9 @@ from typing import Any
 
 from hearthside.core.probe.base import ProbeContext, ProbeResult
 from hearthside.core.probe.profile import GpuInfo, ProbeError
+from hearthside.core.units import GB, GIB, MIB
 
 SOURCE = "apple"
-MIB = 1024 * 1024
-GIB = 1024 * MIB
-GB = 1_000_000_000
 
 SYSCTL_COMMAND = ("sysctl", "hw.memsize", "machdep.cpu.brand_string")
 # Asked apart: sysctl fails as a whole for an unknown key, and macOS 13 and older lack it.

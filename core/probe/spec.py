@@ -39,10 +39,10 @@ from hearthside.core.probe.profile import (
     HardwareProfile,
     MemoryInfo,
 )
+from hearthside.core.units import GIB
 
 SPEC_SCHEMA = 1
 CATALOG_SCHEMA = 1
-GIB = 2**30
 SPEC_KEYS = {"schema", "name", "gpus", "memory_gb", "cpu", "os", "disk", "nodes", "interconnect"}
 INTERCONNECT_KEYS = {"gpu_link", "network", "network_gb_s"}
 GPU_LINKS = ("nvlink", "pcie", "unified")

@@ -17,6 +17,7 @@ from hearthside.app.models_cli import add_models_parser
 from hearthside.core.models.default_model import GEMMA_MODEL_SHA256
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
+from hearthside.core.units import format_bytes
 from tests.hub_server import HubServer, write_llama_gguf
 
 GEMMA_REPO = "acme/gemma-3-270m-GGUF"
@@ -140,12 +141,16 @@ def test_pull_the_real_model_then_quantize_default_q4_0(
     hub.state.add_file(GEMMA_REPO, GEMMA_FILE, default_model_file)
 
     assert run_models("pull", GEMMA_REPO, "--quant", "q4_k_m", "--yes") == 0
-    assert "Added gemma-3-270m-q4_k_m (Gemma 3 270m (Q4_K_M), 253 MB)." in capsys.readouterr().out
+    size = format_bytes(default_model_file.stat().st_size)  # 253 × 10^6 bytes, in MiB
+    assert f"Added gemma-3-270m-q4_k_m (Gemma 3 270m (Q4_K_M), {size})." in capsys.readouterr().out
     assert run_models("default", "gemma-3-270m-q4_k_m") == 0
 
     assert run_models("quantize", "default", "Q4_0") == 0
     out = capsys.readouterr().out
-    assert "Added gemma-3-270m-q4_0 (Gemma 3 270m (Q4_0), 241 MB), a Q4_0 variant of" in out
+    assert (
+        " MiB), a Q4_0 variant of" in out
+        and "Added gemma-3-270m-q4_0 (Gemma 3 270m (Q4_0), " in out
+    )
 
     assert run_models("list") == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]

@@ -265,9 +265,10 @@ def test_an_upgrade_shows_the_old_calibration_json_of_this_machine(
 def test_a_calibration_from_a_newer_version_says_so_and_how_to_fix_it() -> None:
     with WisdomDB() as wisdom:
         store_calibration(recorded_report(schema=99), rtx_3090_desktop(), wisdom)
-    (note,) = hardware_page.calibration_view(rtx_3090_desktop()).notes
-    assert note.startswith("This calibration comes from a newer Hearthside.")
-    assert "hearthside calibrate" in note
+    view = hardware_page.calibration_view(rtx_3090_desktop())
+    assert view.status.startswith("This calibration comes from a newer Hearthside.")
+    assert "Press “Measure this machine”" in view.status  # a button, not a command
+    assert not view.calibrated and view.notes == ()
 
 
 def test_only_hearthside_commands_become_buttons() -> None:

@@ -27,6 +27,7 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import EngineDevice, EngineInfo, GpuInfo, HardwareProfile
 from hearthside.core.probe.runner import probe_hardware
+from hearthside.core.units import format_bytes
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 from tests.hub_server import HubRepo, HubServer
 from tests.small_disk import small_tmpfs
@@ -151,11 +152,12 @@ def test_badges_come_from_the_planner_on_this_machine(qtbot: QtBot, endpoint: Hu
 
     assert [f.filename for f in dialog.files] == [TINY_FILE, GIANT_FILE]
     assert dialog.file_table.item(0, 1).text() == "Q4_0"
-    assert dialog.file_table.item(1, 2).text() == "1100.0 GB"
+    assert dialog.file_table.item(1, 2).text() == "1024.5 GiB"  # 1.1 × 10^12 bytes
     tiny_label, tiny_why = badge_of(dialog, TINY_FILE)
     giant_label, giant_why = badge_of(dialog, GIANT_FILE)
     assert tiny_label == "≈ fits"  # no catalog model in the name: an estimate, and it says so
-    assert "Needs about 0." in tiny_why and "of RAM for models" in tiny_why
+    assert "Needs about " in tiny_why and " MiB (context" in tiny_why  # under 1 GiB
+    assert "of RAM for models" in tiny_why
     assert giant_label == "≈ won't fit"
     assert "Needs about 1" in giant_why and "Larger than this machine's memory" in giant_why
     assert "An estimate" in giant_why
@@ -259,7 +261,7 @@ def start_a_download_that_stalls(
     hub.state.hold_after_bytes = 2 * MiB
     qtbot.mouseClick(dialog.download_button, LEFT)
     qtbot.waitUntil(hub.state.holding.is_set, timeout=NETWORK_MS)
-    qtbot.waitUntil(lambda: "2 MB of 6 MB" in dialog.progress_label.text(), timeout=NETWORK_MS)
+    qtbot.waitUntil(lambda: "2 MiB of 5 MiB" in dialog.progress_label.text(), timeout=NETWORK_MS)
     return dialog
 
 
@@ -288,7 +290,7 @@ def test_cancel_keeps_what_arrived_and_download_again_resumes_from_it(
     with qtbot.waitSignal(dialog.downloaded, timeout=DOWNLOAD_MS) as done:
         qtbot.mouseClick(dialog.download_button, LEFT)
 
-    assert f"Resuming from {kept // 10**6} MB…" in lines
+    assert f"Resuming from {format_bytes(kept)}…" in lines
     resumed = hub.state.file_requests()[-1]
     missing = model_file.stat().st_size - kept
     assert (resumed.range, resumed.status, resumed.body_bytes) == (f"bytes={kept}-", 206, missing)
@@ -320,7 +322,7 @@ def test_a_gated_repo_asks_for_a_hub_token(
 
     assert "HTTP 401" in dialog.message
     assert "This model needs a hub token" in dialog.message
-    assert "HEARTHSIDE_HUB_TOKEN" in dialog.message
+    assert "Hub access token" in dialog.message
 
 
 def test_a_hub_that_is_down_gets_the_network_hint(
@@ -336,7 +338,7 @@ def test_a_hub_that_is_down_gets_the_network_hint(
     assert dialog.repos == []
     assert dialog.search_status.text() == "Search failed"
     assert "The hub could not be reached" in dialog.message
-    assert "Check your connection or the hub address in settings" in dialog.message
+    assert "Check your connection, or the hub address in Settings" in dialog.message
 
 
 def test_a_corrupted_download_says_so_and_keeps_nothing(
@@ -382,13 +384,13 @@ def test_progress_shows_speed_and_time_left_over_the_last_seconds() -> None:
     rate = TransferRate(clock=lambda: now[0])
     for second in range(4):
         now[0] = 100.0 + second
-        rate.add(second * 10_000_000)  # 10 MB/s
+        rate.add(second * 10_000_000)  # 10 × 10^6 bytes/s: 9.5 MiB/s
 
     text = progress_text(30_000_000, 630_000_000, 0, rate)
 
-    assert text == "30 MB of 630 MB — 10 MB/s — about 1 min left"
+    assert text == "29 MiB of 601 MiB — 10 MiB/s — about 1 min left"
     assert progress_text(30_000_000, 630_000_000, 5_000_000, rate).startswith(
-        "30 MB of 630 MB (resumed from 5 MB)"
+        "29 MiB of 601 MiB (resumed from 5 MiB)"
     )
     assert eta_text(3 * 3600 + 300) == "about 3 h 5 min left"
 
@@ -403,6 +405,6 @@ def test_the_screenshot_stage_shows_every_badge_without_the_network(
     dialog.show()
 
     labels = [badge.label for badge in dialog.badges]
-    assert labels == ["fits"] * 6 + ["won't fit"] * 2  # up to 57.9 GB in 64 GiB of RAM
-    assert "(resumed from 12.0 GB) — 50 MB/s — about 8 min left" in dialog.progress_label.text()
+    assert labels == ["fits"] * 6 + ["won't fit"] * 2  # up to 53.9 GiB in 64 GiB of RAM
+    assert "(resumed from 11.2 GiB) — 48 MiB/s — about 8 min left" in dialog.progress_label.text()
     assert dialog.search_status.text() == "4 repos"  # showing it searched nothing

@@ -17,6 +17,7 @@ from hearthside.app.gui import models_page
 from hearthside.app.gui.models_page import COLUMNS, DEFAULT_MARK, ModelsPage, QuantizeDialog
 from hearthside.core.models.store import ModelRecord, ModelStore
 from hearthside.core.paths import data_dir, models_dir
+from hearthside.core.units import format_bytes
 from tests.gguf_samples import write_tiny_gguf
 
 pytestmark = pytest.mark.gui
@@ -94,7 +95,7 @@ def test_the_table_lists_models_with_size_quant_architecture_and_default(
     assert cell(page, 0, "Name") == "Tiny Test 0"
     assert cell(page, 0, "Quant") == first.quant == "F32"
     assert cell(page, 0, "Architecture") == "llama"
-    assert cell(page, 0, "Size").endswith("kB")
+    assert cell(page, 0, "Size").endswith("KiB")
     assert cell(page, 0, "") == DEFAULT_MARK and cell(page, 1, "") == ""
     assert cell(page, 1, "Licence") == "—"
     assert page.selected_id() == first.id  # the default is selected to start with
@@ -125,8 +126,10 @@ def test_adding_the_real_default_model_copies_it_with_progress(
         assert not page.add_button.isEnabled()
     assert not page.progress_row.isVisible() and page.add_button.isEnabled()
     assert progress[-1] == 100 and len(set(progress)) > 2
-    assert page.message == (
-        "Added Gemma 3 270m (253 MB). Make it the default with “Set as default”."
+    size = format_bytes(default_model_file.stat().st_size)
+    assert size.endswith(" MiB")  # 253 × 10^6 bytes: one unit on every page
+    assert (
+        page.message == f"Added Gemma 3 270m ({size}). Make it the default with “Set as default”."
     )
     assert page.table.rowCount() == 1
     assert cell(page, 0, "Quant") == "Q4_K_M" and cell(page, 0, "Architecture") == "gemma3"
@@ -259,7 +262,7 @@ def test_making_a_q4_0_variant_adds_a_smaller_model(
         page.make_variant(linked_default_model.id, "Q4_0")
         assert page.busy and not page.variant_button.isEnabled()
     assert page.message.startswith("Made Gemma 3 270m (Q4_0): ")
-    assert page.message.endswith(" MB.")
+    assert page.message.endswith(" MiB.")
     assert progress[-1] == 100 and "Quantizing" not in page.message
     variant = page.selected_id()
     assert variant == "gemma-3-270m-q4_0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -20,12 +20,13 @@ from hearthside.app.gui.plan_content import PlanView
 from hearthside.app.gui.plan_page import PlanPage
 from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.memory import CPU
-from hearthside.autotune.planner import describe_slots
+from hearthside.autotune.planner import DEFAULT_FREE_MARGIN_BYTES, describe_slots, evaluate_config
 from hearthside.autotune.speculative import SpeculationDecision, speculative_key
 from hearthside.autotune.tuner import save_speculation_defaults
 from hearthside.autotune.wisdom import QualityRecord, RunRecord, WisdomDB
-from hearthside.core.engine.config import SpeculativeConfig
+from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
 from hearthside.core.engine.service import EngineService
+from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import HardwareProfile
@@ -386,14 +387,36 @@ def family_row(kv_type: str, mean_kld: float) -> QualityRecord:
     )
 
 
+LONG_CONTEXT = 131072
+
+
+def only_a_q4_0_cache_fits(profile: HardwareProfile, model: Path) -> HardwareProfile:
+    """This machine with just enough memory for a LONG_CONTEXT q4_0 KV cache, not a q8_0 one:
+    a quantized cache is chosen only where memory asks for it."""
+    spec = spec_from_gguf(model)
+
+    def used(kv: str) -> int:
+        config = EngineConfig(str(model), n_ctx=LONG_CONTEXT, type_k=kv, type_v=kv, flash_attn=True)
+        candidate = evaluate_config(spec, profile, config, free_margin_bytes=0)
+        return next(d.used_bytes for d in candidate.devices if d.device == CPU)
+
+    ram = DEFAULT_FREE_MARGIN_BYTES + (used("q4_0") + used("q8_0")) // 2
+    memory = replace(profile.memory, total_bytes=ram, available_bytes=ram, cgroup_limit_bytes=None)
+    return replace(profile, memory=memory)
+
+
 def test_the_quality_line_names_a_family_measurement_apart_from_a_prior(
-    qtbot: QtBot, page: PlanPage
+    qtbot: QtBot, model_id: str, profile: HardwareProfile, default_model_file: Path
 ) -> None:
+    page = PlanPage(probe=lambda: only_a_q4_0_cache_fits(profile, default_model_file))
+    qtbot.addWidget(page)
+    page.resize(1200, 900)
+    page.context_box.setValue(LONG_CONTEXT)
     shown_plan(qtbot, page)
     with qtbot.waitSignal(page.plan_ready, timeout=PLAN_TIMEOUT_MS) as ready:
         page.set_goal("fastest")
     by_priors = ready.args[0]
-    assert by_priors.plan.config.type_k != "f16"  # q8_0's global prior is within the budget
+    assert by_priors.plan.config.type_k == "q4_0"  # beyond the budget, but nothing else fits
     assert "(a prior, not measured yet)" in page.speed_note.text()
 
     with WisdomDB() as wisdom:  # the family measured both quantized caches as harmless
@@ -402,7 +425,7 @@ def test_the_quality_line_names_a_family_measurement_apart_from_a_prior(
     by_family = replanned(qtbot, page)
 
     kv_type = by_family.plan.config.type_k
-    assert kv_type == "q4_0"  # the smaller cache, now known to stay within the budget
+    assert kv_type == "q4_0"  # now known to stay within the budget
     expected = f"{kv_type} KV: KLD 0.012 measured on gemma-3-1b-it (same family, gemma3)"
     assert expected in page.speed_note.text()
     assert "a prior" not in page.speed_note.text()

@@ -4,6 +4,7 @@ model, this machine's probe; nothing is loaded into the engine)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,10 +23,12 @@ from hearthside.app.gui.settings_dialog import (
 )
 from hearthside.app.gui.window_state import PARALLEL_KEY, gui_settings
 from hearthside.autotune.planner import DEFAULT_PARALLEL
+from hearthside.core.models.hub_http import HubEndpoint
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
+from hearthside.core.settings import SETTINGS_FILE_NAME, Settings
 
 pytestmark = pytest.mark.gui
 WindowFactory = Callable[..., MainWindow]
@@ -116,3 +119,69 @@ def test_the_window_prepares_models_with_the_setting(
     assert chosen.config.n_parallel == 2 and chosen.config.total_context == 2048
     auto = prepare_model(model_id, LoadOptions(n_ctx=1024), profile=lambda: profile)
     assert auto.config.n_parallel == DEFAULT_PARALLEL  # a 270M model leaves room for 4
+
+
+def test_context_threads_hub_port_and_default_model_are_kept_where_each_lives(
+    make_window: WindowFactory,
+    default_model_file: Path,
+    chat_model_file: Path,
+    hearthside_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with ModelStore(data_dir()) as store:
+        first = store.add(default_model_file, link=True, name="First", check_native=False)
+        second = store.add(chat_model_file, link=True, name="Second", check_native=False)
+        store.set_default(first.id)
+    window = make_window()
+    window.edit_settings()
+    dialog = window.settings_dialog
+    assert isinstance(dialog, SettingsDialog)
+    assert dialog.data_label.text() == str(hearthside_home)
+    assert dialog.model_box.currentData() == first.id
+    dialog.context_box.setValue(8192)
+    dialog.threads_box.setValue(2)
+    dialog.port_box.setValue(9123)
+    dialog.hub_edit.setText("https://hub.example.org")
+    dialog.token_edit.setText("hf_secret")
+    dialog.model_box.setCurrentIndex(dialog.model_box.findData(second.id))
+    dialog.accept()
+
+    text = window.message_bar.text
+    assert text.startswith("Context: 8192 tokens; Threads: 2; Local API port: 9123")
+    assert "Hub address: https://hub.example.org; Hub access token: saved" in text
+    assert text.endswith(APPLIES_NOTE) and "hf_secret" not in text
+    assert (window.load_options.n_ctx, window.load_options.n_threads) == (8192, 2)
+    assert window.api_switch.port_box.value() == 9123
+    stored = json.loads((hearthside_home / SETTINGS_FILE_NAME).read_text())
+    assert stored == {
+        "context_size": 8192,
+        "threads": 2,
+        "hub_endpoint": "https://hub.example.org",
+        "hub_token": "hf_secret",
+    }
+    assert oct((hearthside_home / SETTINGS_FILE_NAME).stat().st_mode & 0o777) == "0o600"
+    settings = Settings()  # what the CLI, the hub dialog and the next window read
+    assert (settings.context_size, settings.threads) == (8192, 2)
+    assert HubEndpoint.from_settings().url == "https://hub.example.org"
+    assert LoadOptions.from_settings(settings).n_ctx == 8192
+    with ModelStore(data_dir()) as store:
+        default = store.default()
+    assert default is not None and default.id == second.id
+    monkeypatch.setenv("HEARTHSIDE_CONTEXT_SIZE", "1024")  # the environment still wins
+    assert Settings().context_size == 1024
+
+
+def test_an_unsafe_hub_address_is_refused_and_nothing_is_saved(
+    make_window: WindowFactory, hearthside_home: Path
+) -> None:
+    window = make_window()
+    window.edit_settings()
+    dialog = window.settings_dialog
+    assert isinstance(dialog, SettingsDialog)
+    dialog.hub_edit.setText("http://10.0.0.5")
+    dialog.context_box.setValue(2048)
+    dialog.accept()
+    assert window.message_bar.text.startswith("The settings were not saved.")
+    assert "https://" in window.message_bar.text
+    assert not (hearthside_home / SETTINGS_FILE_NAME).exists()
+    assert window.load_options.n_ctx == 4096
