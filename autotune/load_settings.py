@@ -43,9 +43,7 @@ from hearthside.core.models.spec import ModelSpec, spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
 
 Source = Literal["tuned", "planned", "engine defaults"]
-PLANNED_WHY = (
-    "Planned for this machine, not measured yet (Optimize for my hardware measures it)."
-)
+PLANNED_WHY = "Planned for this machine, not measured yet (Optimize for my hardware measures it)."
 
 
 @dataclass(frozen=True)

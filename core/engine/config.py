@@ -131,7 +131,9 @@ class EngineConfig:
     """How to load one model. Defaults suit a CPU-only machine."""
 
     model_path: str
-    n_ctx: int = CHAT_CONTEXT  # per conversation: each of the n_parallel slots gets this many tokens
+    n_ctx: int = (
+        CHAT_CONTEXT  # per conversation: each of the n_parallel slots gets this many tokens
+    )
     n_batch: int = 512
     n_ubatch: int = 512
     n_threads: int | None = None  # None: physical cores

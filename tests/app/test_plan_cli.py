@@ -156,7 +156,9 @@ def test_the_plan_prints_its_slots_and_their_kv_cache(
     assert slots.endswith(" GiB")
     assert "Why       n_parallel = 4: 4 requests at once" in text
 
-    assert main(["plan", "llama-3.1-8b", "--hardware-spec", hardware, "--ctx", "8192", "--json"]) == 0
+    assert (
+        main(["plan", "llama-3.1-8b", "--hardware-spec", hardware, "--ctx", "8192", "--json"]) == 0
+    )
     document = json.loads(capsys.readouterr().out)
     assert document["config"]["n_parallel"] == 4 and document["config"]["n_ctx"] == 8192
     assert document["slots"]["total_context"] == 32768
