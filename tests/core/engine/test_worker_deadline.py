@@ -6,8 +6,10 @@ Retry-After saying the engine is being restarted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -33,6 +35,7 @@ from tests.gguf_samples import write_tiny_gguf
 SILENCE_S = 2.0
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 HI = [ChatMessage("user", "hi")]
+WORKER_MODULE = "hearthside.core.engine.worker"
 
 
 @pytest.fixture
@@ -75,11 +78,35 @@ def test_a_stopped_worker_is_killed_after_its_silence_and_the_call_says_so(
         engine.close()
 
 
+def stop_the_next_worker(before: set[int]) -> threading.Thread:
+    """SIGSTOP the first engine worker this process starts that is not in `before`."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for child in psutil.Process().children():
+                with contextlib.suppress(psutil.Error):
+                    if child.pid not in before and WORKER_MODULE in " ".join(child.cmdline()):
+                        os.kill(child.pid, signal.SIGSTOP)
+                        return
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
 def test_a_load_past_its_deadline_is_stopped(tiny_model: Path) -> None:
-    # Starting the worker alone (its imports) takes longer than 0.2 s.
+    # the worker is frozen from its start: its load cannot finish, whatever the machine
+    stop_the_next_worker({child.pid for child in psutil.Process().children()})
+    started = time.monotonic()
     with pytest.raises(EngineUnresponsiveError) as error:
-        WorkerEngine(config_of(tiny_model), deadlines=WorkerDeadlines(load_s=0.2))
-    assert "loading tiny.gguf, nothing for 0.2 s" in error.value.message
+        WorkerEngine(config_of(tiny_model), deadlines=WorkerDeadlines(load_s=1.0))
+    assert "loading tiny.gguf, nothing for 1 s" in error.value.message
+    assert time.monotonic() - started < 10
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):  # gone or a zombie: stopped either way
+            assert WORKER_MODULE not in " ".join(child.cmdline()), child
 
 
 def busy_for(_engine: object, seconds: float) -> float:
