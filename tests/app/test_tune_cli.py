@@ -11,6 +11,7 @@ import pytest
 from hearthside.app.cli import main
 from hearthside.autotune import tuner
 from hearthside.autotune.wisdom import WisdomDB
+from hearthside.core.engine.config import CHAT_CONTEXT
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
 
@@ -27,7 +28,7 @@ def test_tuning_a_model_file_prints_and_stores_the_winner(
     result = json.loads(capsys.readouterr().out)
     assert result["best"]["outcome"] == "ok" and result["best"]["decode_tps"] > 0
     baseline, constructor = result["baseline"], result["llama_cpp_python_defaults"]
-    assert baseline["config"]["flash_attn"] and baseline["config"]["n_ctx"] == 2048
+    assert baseline["config"]["flash_attn"] and baseline["config"]["n_ctx"] == CHAT_CONTEXT
     assert constructor["config"]["n_ctx"] == 512 and not constructor["config"]["flash_attn"]
     assert result["speedup_over_defaults"] > 0
     assert result["speedup_over_llama_cpp_python_defaults"] > 0

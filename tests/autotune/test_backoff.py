@@ -210,7 +210,7 @@ def test_slots_asked_for_give_way_before_the_context_or_the_kv_cache(
 def test_slots_asked_for_keep_the_kv_cache_one_slot_would_have(
     default_model_file: Path, wisdom: WisdomDB
 ) -> None:
-    profile = limited(1500)
+    profile = limited(2300)  # room for one f16 cache of 32768 tokens, two, not four
     single = choose_load_settings(default_model_file, profile, wisdom, n_ctx=32768, n_parallel=1)
     chosen = choose_load_settings(default_model_file, profile, wisdom, n_ctx=32768, n_parallel=4)
     assert not single.backed_off and single.config.n_parallel == 1

@@ -12,11 +12,14 @@ import pytest
 from hearthside.autotune.family_quality import kv_priors, kv_priors_for_file
 from hearthside.autotune.fingerprint import model_fingerprint
 from hearthside.autotune.goals import kv_quality_text, prior_quality, quality_words
-from hearthside.autotune.planner import plan
+from hearthside.autotune.planner import DEFAULT_FREE_MARGIN_BYTES, evaluate_config, plan
 from hearthside.autotune.quality import Candidate, load_eval_text, measure_quality
 from hearthside.autotune.tune_quality import kv_quality
 from hearthside.autotune.wisdom import QualityRecord, WisdomDB
+from hearthside.core.engine.config import CHAT_CONTEXT, EngineConfig
 from hearthside.core.models.catalog import catalog_spec
+from hearthside.core.models.spec import ModelSpec
+from hearthside.core.probe.profile import HardwareProfile
 from tests.autotune.test_planner import machine
 from tests.gguf_samples import quantize_file
 
@@ -92,13 +95,33 @@ def test_own_measurement_beats_the_family_and_the_family_figure_is_its_worst(
     assert (measured_itself.source, measured_itself.mean_kld) == ("measured", 0.12)
 
 
-def test_the_planner_keeps_fastest_within_the_budget_by_the_family_figures() -> None:
+def only_a_q8_0_cache_fits(spec: ModelSpec, n_ctx: int) -> HardwareProfile:
+    """A CPU-only machine with memory for `spec` and an n_ctx q8_0 KV cache, not an f16 one."""
+    roomy = machine(memory_gb=32)
+
+    def used(kv: str) -> int:
+        config = EngineConfig(spec.name, n_ctx=n_ctx, type_k=kv, type_v=kv, flash_attn=True)
+        candidate = evaluate_config(spec, roomy, config, free_margin_bytes=0)
+        return sum(device.used_bytes for device in candidate.devices)
+
+    ram = DEFAULT_FREE_MARGIN_BYTES + (used("q8_0") + used("f16")) // 2
+    memory = dataclasses.replace(roomy.memory, total_bytes=ram, available_bytes=ram)
+    return dataclasses.replace(roomy, memory=memory)
+
+
+def test_the_family_figures_decide_what_a_cache_too_big_for_memory_becomes() -> None:
+    """Memory forces a quantized cache at the chat's context: a family whose quantized caches
+    stay within the budget gets the finest one that fits (never coarser than memory needs),
+    a family they hurt keeps full precision at a shorter context instead."""
     spec = catalog_spec("llama-3.1-8b")
-    profile = machine(memory_gb=32)  # CPU only: a smaller KV cache reads fewer bytes per token
-    careless_family = {"q4_0": dataclasses.replace(prior_quality("q4_0"), mean_kld=0.01)}
-    careless_family["q4_0"] = dataclasses.replace(
-        careless_family["q4_0"], source="family", measured_on="Llama-3.2-1B", family="llama"
-    )
+    profile = only_a_q8_0_cache_fits(spec, CHAT_CONTEXT)
+    careless_family = {
+        kv: dataclasses.replace(
+            prior_quality(kv), mean_kld=0.01, source="family", measured_on="Llama-3.2-1B",
+            family="llama",
+        )
+        for kv in ("q8_0", "q4_0")
+    }  # fmt: skip
     sensitive_family = {
         kv: dataclasses.replace(
             prior_quality(kv), mean_kld=0.4, source="family", measured_on="x", family="llama"
@@ -110,12 +133,13 @@ def test_the_planner_keeps_fastest_within_the_budget_by_the_family_figures() -> 
     careless = plan(spec, profile, goal="fastest", kv_priors=careless_family)
     sensitive = plan(spec, profile, goal="fastest", kv_priors=sensitive_family)
 
-    assert by_priors.config.type_k == "q8_0"  # the global q4_0 prior is over the budget
-    assert careless.config.type_k == "q4_0"  # measured harmless in this family: faster
-    assert careless.speed.decode_tps > by_priors.speed.decode_tps
+    assert (by_priors.config.type_k, by_priors.config.n_ctx) == ("q8_0", CHAT_CONTEXT)
+    assert (careless.config.type_k, careless.config.n_ctx) == ("q8_0", CHAT_CONTEXT)
     kv_reason = next(r for r in careless.reasons if r.setting == "type_k/type_v")
-    assert "q4_0 KV: KLD 0.010 measured on Llama-3.2-1B (same family, llama)" in kv_reason.why
-    assert sensitive.config.type_k == "f16"  # both quantized caches hurt this family
+    assert "q8_0 KV: KLD 0.010 measured on Llama-3.2-1B (same family, llama)" in kv_reason.why
+    assert "does not fit this context in memory" in kv_reason.why
+    # both quantized caches hurt this family: full precision, at the shorter context that fits
+    assert sensitive.config.type_k == "f16" and sensitive.config.n_ctx < CHAT_CONTEXT
 
 
 @pytest.mark.slow  # one reference pass and one q4_0 pass over 128 tokens, one re-quantization
