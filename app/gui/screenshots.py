@@ -55,7 +55,7 @@ RECIPE_SHOTS = (
     ("plan_page_recipe_2x_gb10.png", "hardware-example-2x-dgx-spark.json", "qwen3-235b-a22b"),
 )
 WINDOW_SIZE = (1400, 900)
-SAMPLE_QUESTION = "What is the capital of France?"
+SAMPLE_QUESTION = "What is the capital of France? Answer in one word."
 REPLY_TIMEOUT_S = 60.0
 SWITCH_WIDTH = 1100
 START_TIMEOUT_S = 20.0
