@@ -35,6 +35,7 @@ from hearthside.app.gui.wizard import (
 from hearthside.autotune import optimize, tuner
 from hearthside.autotune.goals import RunQuality
 from hearthside.autotune.optimize import (
+    SAME_SPEED_BAND,
     AppliedTuning,
     ModelChoice,
     TuneRecording,
@@ -215,8 +216,9 @@ def test_measures_the_default_model_and_applies_the_winner(
     else:  # what changed is marked, and the page says why it was chosen
         assert any(row[2].endswith("●") for row in rows)
         assert "faster" in headline or "chosen for" in wizard.result_page.subline.text()
-    if (result.budget_cost or 1.0) >= 1.02:  # the q4_0 cache was faster: what that cost
-        assert "was not chosen" in wizard.result_page.subline.text()
+    # the q4_0 cache was faster by more than measurement noise: the page says what that cost
+    cost_is_said = "was not chosen" in wizard.result_page.subline.text()
+    assert cost_is_said == ((result.budget_cost or 1.0) >= SAME_SPEED_BAND[1])
     assert not wizard.isVisible()
 
 
