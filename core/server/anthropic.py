@@ -50,11 +50,11 @@ from hearthside.core.server.content_parts import MEDIA_PARTS
 from hearthside.core.server.model_pool import ModelPool
 from hearthside.core.server.request_errors import InvalidRequestError
 from hearthside.core.server.schemas import (
-    MAX_MESSAGES,
     MAX_STOP_SEQUENCES,
     ChatCompletionRequest,
     _Request,
     _TextChecked,
+    check_message_count,
 )
 from hearthside.core.server.security import anthropic_error
 
@@ -122,12 +122,7 @@ class MessagesInput(_TextChecked):
     @field_validator("messages", mode="before")
     @classmethod
     def _check_message_count(cls, value: Any) -> Any:
-        if isinstance(value, list) and len(value) > MAX_MESSAGES:
-            raise ValueError(
-                f"give at most {MAX_MESSAGES} messages; this request has {len(value)}. "
-                "Send fewer (drop or summarise the oldest turns)"
-            )
-        return value
+        return check_message_count(value)
 
 
 class MessagesRequest(MessagesInput):

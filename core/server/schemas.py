@@ -110,6 +110,17 @@ class _Sampling(_TextChecked):
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
 
+def check_message_count(value: Any) -> Any:
+    """Before each message is parsed (30000 of them fit in the 1 MiB body): at most
+    MAX_MESSAGES, or a 400 that says how many and what to do."""
+    if isinstance(value, list) and len(value) > MAX_MESSAGES:
+        raise ValueError(
+            f"give at most {MAX_MESSAGES} messages; this request has {len(value)}. "
+            "Send fewer (drop or summarise the oldest turns)"
+        )
+    return value
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -124,13 +135,7 @@ class ChatCompletionRequest(_Sampling):
     @field_validator("messages", mode="before")
     @classmethod
     def _check_message_count(cls, value: Any) -> Any:
-        # Before each message is parsed: 30000 of them fit in the 1 MiB body.
-        if isinstance(value, list) and len(value) > MAX_MESSAGES:
-            raise ValueError(
-                f"give at most {MAX_MESSAGES} messages; this request has {len(value)}. "
-                "Send fewer (drop or summarise the oldest turns)"
-            )
-        return value
+        return check_message_count(value)
 
     @field_validator("top_logprobs")
     @classmethod
