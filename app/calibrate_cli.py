@@ -15,8 +15,12 @@ from pathlib import Path
 import psutil
 
 from hearthside.app.progress import ProgressLine
-from hearthside.autotune.optimize import CalibrationRequest, MeasureUpdate, calibrate
-from hearthside.autotune.wisdom import default_wisdom_path
+from hearthside.autotune.optimize import (
+    CalibrationRequest,
+    MeasureUpdate,
+    calibrate,
+    wisdom_path,
+)
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.store import DEFAULT_REF, ModelStore, resolve_model_path
 from hearthside.core.paths import data_dir, models_dir
@@ -79,7 +83,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         sys.stdout.write(report.to_json() + "\n")
     else:
         print(describe(report))
-    print(f"Stored in the autotune database ({default_wisdom_path()})", file=sys.stderr)
+    print(f"Stored in the autotune database ({wisdom_path()})", file=sys.stderr)
     if export is not None:
         print(f"Exported to {_export(report, export)}", file=sys.stderr)
     return 0

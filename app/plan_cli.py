@@ -4,10 +4,11 @@ MODEL is anything `resolve_spec` takes (an installed id, a .gguf path, a catalog
 descriptor .json); the hardware is this machine, a recorded profile (`--hardware`) or a what-if
 spec (`--hardware-spec`). Nothing is loaded: this is the planner's estimate.
 
-When MODEL is an installed model with installed quant variants (`variant_of` in the store),
-every variant is planned — and so are the quants that could be made from the one with the
-most bits, marked "can be made" — and the goal picks among them (`autotune/variants.py`), by the
-mean KLD `hearthside quality MODEL --variants ...` stored where there is one. The KV-cache types
+The facts come through `autotune/optimize.py` (`plan_model`). When MODEL is an installed model
+with installed quant variants (`variant_of` in the store), every variant is planned — and so
+are the quants that could be made from the one with the most bits, marked "can be made" — and
+the goal picks among them (`autotune/variants.py`), by the mean KLD `hearthside quality MODEL
+--variants ...` stored where there is one. The KV-cache types
 count at what was measured on this model, else on its family, else the global priors
 (`autotune/family_quality.py`); the reasons say which.
 """
@@ -17,39 +18,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
 from hearthside.app.cli_support import parallel_requests, printable
 from hearthside.app.probe_cli import load_profile
-from hearthside.autotune.calibration import calibration_for
-from hearthside.autotune.family_quality import kv_priors_of, variant_qualities
-from hearthside.autotune.goals import RunQuality, quality_words
-from hearthside.autotune.memory import WeightPiece, pieces_from_gguf, pieces_from_spec
+from hearthside.autotune.goals import quality_words
+from hearthside.autotune.optimize import ModelPlanRequest, measure_weight_types, plan_model
 from hearthside.autotune.planner import (
     Goal,
     Plan,
     cpu_expert_layers,
     decode_limit_words,
     describe_slots,
-    plan,
     usability_verdict,
 )
-from hearthside.autotune.variants import (
-    DEFAULT_MIN_DECODE_TPS,
-    Variant,
-    VariantChoice,
-    VariantOutcome,
-    makeable_variants,
-    plan_variants,
-)
-from hearthside.autotune.wisdom import WisdomDB
-from hearthside.core.models.catalog import resolve_spec
-from hearthside.core.models.gguf_validator import validate_gguf
-from hearthside.core.models.spec import ModelSpec
-from hearthside.core.models.store import DB_FILE_NAME, DEFAULT_REF, ModelStore, registered_file
-from hearthside.core.paths import data_dir
+from hearthside.autotune.variants import DEFAULT_MIN_DECODE_TPS, VariantChoice, VariantOutcome
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.units import GIB
 
@@ -120,126 +104,38 @@ def _run_plan(args: argparse.Namespace) -> int:
     profile = _profile(args)
     if args.measure_types:
         _measure_types(args.model, profile)
-    variants = installed_variants(args.model)
-    if len(variants) > 1:
-        if not args.installed_only:
-            variants += makeable_variants(variants)
-        choice = plan_variants(
-            variants,
+    planned = plan_model(
+        ModelPlanRequest(
+            args.model,
             profile,
             goal=args.goal,
             n_ctx=args.ctx,
             free_margin_bytes=int(args.keep_free_gb * GIB),
-            calibration=_calibration(profile),
+            n_parallel=args.parallel,
             min_decode_tps=args.min_tps,
-            n_parallel=args.parallel,
-            qualities=measured_variant_qualities(args.model, variants),
-            kv_priors=_kv_priors(args.model, variants[0].spec),
+            installed_only=args.installed_only,
         )
-        result = choice.plan
-        if args.json:
-            document = {**result.to_dict(), "variants": choice.to_dict()}
-            sys.stdout.write(json.dumps(document, indent=1) + "\n")
-        else:
-            print(describe_choice(choice))
+    )
+    result = planned.plan if isinstance(planned, VariantChoice) else planned
+    if args.json:
+        document = result.to_dict()
+        if isinstance(planned, VariantChoice):
+            document["variants"] = planned.to_dict()
+        sys.stdout.write(json.dumps(document, indent=1) + "\n")
+    elif isinstance(planned, VariantChoice):
+        print(describe_choice(planned))
     else:
-        spec = variants[0].spec if variants else resolve_spec(args.model)
-        result = plan(
-            spec,
-            profile,
-            goal=args.goal,
-            n_ctx=args.ctx,
-            free_margin_bytes=int(args.keep_free_gb * GIB),
-            calibration=_calibration(profile),
-            pieces=_file_pieces(args.model),
-            n_parallel=args.parallel,
-            kv_priors=_kv_priors(args.model, spec),
-        )
-        if args.json:
-            sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
-        else:
-            print(describe_plan(result))
+        print(describe_plan(planned))
     return 0 if result.fits or result.streams_from_disk else NOTHING_FITS
 
 
 def _measure_types(ref: str, profile: HardwareProfile) -> None:
     """Measure the model's weight types this machine's calibration lacks; report on stderr."""
-    from hearthside.autotune.type_costs import (
-        describe_type_cost,
-        measure_type_costs,
-        model_weight_types,
-    )
-
-    pieces = _file_pieces(ref) or pieces_from_spec(resolve_spec(ref))
-    with WisdomDB() as wisdom:
-        costs = measure_type_costs(model_weight_types(pieces), profile, wisdom)
-    for cost in costs:
-        print(printable(describe_type_cost(cost)), file=sys.stderr)
-    if not costs:
+    measured = measure_weight_types(ref, profile)
+    for line in measured:
+        print(printable(line), file=sys.stderr)
+    if not measured:
         print("every weight type of the model is measured on this machine", file=sys.stderr)
-
-
-def _file_pieces(ref: str) -> list[WeightPiece] | None:
-    """A GGUF file's own tensors, so each is costed at its own type (a spec groups them)."""
-    path = Path(ref)
-    if not (ref.lower().endswith(".gguf") and path.is_file()):
-        return None
-    return pieces_from_gguf(validate_gguf(path))
-
-
-def installed_variants(ref: str) -> list[Variant]:
-    """The installed quant variants of the model `ref` names, itself included; [] when `ref`
-    is not an installed model (a path, a catalog id, a descriptor)."""
-    if Path(ref).is_file() or not (data_dir() / DB_FILE_NAME).exists():
-        return []
-    with ModelStore(data_dir()) as store:
-        if ref != DEFAULT_REF and store.find(ref) is None:
-            return []
-        family = store.family(store.resolve(ref))
-        labels = [record.quant or record.id for record in family]
-        return [
-            Variant(
-                label if labels.count(label) == 1 else record.id,
-                resolve_spec(record.id, store),
-                model_id=record.id,
-            )
-            for label, record in zip(labels, family, strict=True)
-        ]
-
-
-def measured_variant_qualities(ref: str, variants: Sequence[Variant]) -> dict[str, RunQuality]:
-    """Each installed variant's quality against the model's reference, where the autotune DB
-    has it (`hearthside quality MODEL --variants ...` measures them)."""
-    from hearthside.autotune.quality import QualityError, choose_reference  # loads the engine
-
-    with ModelStore(data_dir()) as store:
-        family = store.family(store.resolve(ref))
-    try:
-        reference = choose_reference(family)
-    except QualityError:
-        return {}  # every file was re-quantized from one that is gone: nothing to compare
-    files = {record.id: record.path for record in family if record.path.is_file()}
-    paths = {v.label: files[v.model_id] for v in variants if v.model_id in files}
-    if not reference.path.is_file():
-        return {}
-    with WisdomDB() as wisdom:
-        return variant_qualities(wisdom, reference.path, paths)
-
-
-def _kv_priors(ref: str, spec: ModelSpec) -> dict[str, RunQuality]:
-    """The KV types' quality measured on this model, else on its family, on this machine."""
-    with WisdomDB() as wisdom:
-        return kv_priors_of(wisdom, spec.architecture, registered_file(ref))
-    with ModelStore(data_dir()) as store:
-        if ref == DEFAULT_REF or store.find(ref) is not None:
-            return store.resolve(ref).path
-    return None
-
-
-def _calibration(profile: HardwareProfile) -> dict[str, float]:
-    """This machine's calibration; a what-if profile finds none (its fingerprint differs)."""
-    with WisdomDB() as wisdom:
-        return calibration_for(profile, wisdom)
 
 
 def _profile(args: argparse.Namespace) -> HardwareProfile:

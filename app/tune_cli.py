@@ -24,14 +24,16 @@ from hearthside.autotune.goals import source_text
 from hearthside.autotune.optimize import (
     MeasureRequest,
     MeasureUpdate,
+    TuneEvent,
+    TuneResult,
+    VariantRun,
     measure,
     variant_pick_text,
     variant_text,
 )
 from hearthside.autotune.planner import Goal
+from hearthside.autotune.records import RunRecord
 from hearthside.autotune.speculative import SpeculationDecision, describe
-from hearthside.autotune.tuner import TuneEvent, TuneResult, VariantRun
-from hearthside.autotune.wisdom import RunRecord
 from hearthside.core.models.store import ModelStore, resolve_model_path
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.base import ProbeContext

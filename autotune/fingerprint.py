@@ -9,27 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hearthside.autotune.records import TuningKey as TuningKey  # its home: plain data
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.units import GIB
 
 # Read from each end of a model file: enough to tell files apart without hashing gigabytes.
 _MODEL_SAMPLE_BYTES = 4 << 20
-
-
-@dataclass(frozen=True)
-class TuningKey:
-    """The three fingerprints a measurement belongs to."""
-
-    machine: str
-    engine: str
-    model: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"machine": self.machine, "engine": self.engine, "model": self.model}
 
 
 def machine_fingerprint(profile: HardwareProfile) -> str:

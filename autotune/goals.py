@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hearthside.autotune.wisdom import QualityRecord, RunRecord
+from hearthside.autotune.records import QualityRecord, RunRecord
 
 if TYPE_CHECKING:  # the planner applies the priors: it imports this module
     from hearthside.autotune.planner import Goal

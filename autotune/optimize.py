@@ -1,45 +1,85 @@
-"""The Optimize flow, without Qt: a request, the events it reports, a result.
+"""The one entry point to tuning: what `hearthside tune`, `calibrate` and `plan` and the Optimize
+wizard call, without Qt. It joins the three parts of `autotune/` (see `autotune/__init__.py`):
+the plan (pure), the measure part (the engines) and the store (`wisdom.db`).
 
-`measure(request, cancel, post)` calibrates this machine when asked (`calibrate`), then tunes the
-chosen model (`autotune/tuner.py`), reporting each step as a `MeasureUpdate` through `post`; it
-returns the `TuneResult`. `calibrate(CalibrationRequest, post)` is the calibration alone, the
-same steps for the wizard and `hearthside calibrate`: it stores the report in the autotune DB
-and returns it. `apply_tuning` stores the winner. Around them are the facts the wizard's
-pages show (the machine's `survey`, the `model_choices`, a catalog model's plan) and the words of
-its result (`verdict`, `settings_rows`, `quality_row`, `measured_reasons`, `audit_text`, and for
-the model's quant variants `variant_text` / `variant_pick_text`). The
-wizard (`app/gui/wizard.py`) keeps only its pages and a runner that calls `measure` as an engine
-job; `TuneRecording` keeps a real run to replay (screenshots, tests).
+- This machine: `machine_context(profile)` reads its `MachineContext` (profile, calibration
+  figures, fingerprints) once; callers pass it on.
+- Planning (`hearthside plan`): `plan_model(ModelPlanRequest)` gathers what the planner needs
+  from the store (calibration, the model's quant variants and their measured quality, the KV
+  types' quality) and plans the model or picks among its variants; `measure_weight_types`
+  measures the weight types the calibration lacks first.
+- Measuring: `measure(request, cancel, post)` calibrates this machine when asked (`calibrate`),
+  then tunes the chosen model (`autotune/tuner.py`), reporting each step as a `MeasureUpdate`
+  through `post`; it returns the `TuneResult`. `calibrate(CalibrationRequest, post)` is the
+  calibration alone, the same steps for the wizard and `hearthside calibrate`: it stores the
+  report in the autotune DB and returns it. `apply_tuning` stores the winner.
+- Around them are the facts the wizard's pages show (the `model_choices`, a catalog model's
+  plan) and the words of its result (`verdict`, `settings_rows`, `quality_row`,
+  `measured_reasons`, `audit_text`, and for the model's quant variants `variant_text` /
+  `variant_pick_text`).
+
+The wizard (`app/gui/wizard.py`) keeps only its pages and a runner that calls `measure` as an
+engine job. A recorded run to replay for screenshots lives with the screenshots
+(`app/gui/screenshot_recording.py`).
 """
 
 from __future__ import annotations
 
-import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from hearthside.autotune.calibration import calibration_for, store_calibration
+from hearthside.autotune.calibration import read_machine_context, store_calibration
+from hearthside.autotune.family_quality import kv_priors_of, variant_qualities
 from hearthside.autotune.fingerprint import TuningKey, tuning_key
-from hearthside.autotune.goals import kld_text
-from hearthside.autotune.planner import Goal, Plan, Reason, plan
-from hearthside.autotune.tuner import (
-    TuneEvent,
-    TuneResult,
-    VariantRun,
-    save_tuned_defaults,
-    tune,
+from hearthside.autotune.goals import RunQuality, kld_text
+from hearthside.autotune.machine import MachineContext
+from hearthside.autotune.memory import WeightPiece, pieces_from_gguf, pieces_from_spec
+from hearthside.autotune.planner import DEFAULT_FREE_MARGIN_BYTES, Goal, Plan, Reason, plan
+from hearthside.autotune.records import Rigor, RunRecord, config_key
+from hearthside.autotune.speed_limit import SpeedOfLight
+
+# The tuner's result and events, for the callers of `measure` (the CLI, the wizard).
+from hearthside.autotune.tuner import TUNING_CONTEXT as TUNING_CONTEXT
+from hearthside.autotune.tuner import TuneEvent as TuneEvent
+from hearthside.autotune.tuner import TuneResult as TuneResult
+from hearthside.autotune.tuner import VariantRun as VariantRun
+from hearthside.autotune.tuner import llama_cpp_defaults as llama_cpp_defaults
+from hearthside.autotune.tuner import save_tuned_defaults, tune
+from hearthside.autotune.type_costs import (
+    describe_type_cost,
+    measure_type_costs,
+    model_weight_types,
 )
-from hearthside.autotune.wisdom import Rigor, RunRecord, WisdomDB, config_key
+from hearthside.autotune.variants import (
+    DEFAULT_MIN_DECODE_TPS,
+    Variant,
+    VariantChoice,
+    makeable_variants,
+    plan_variants,
+)
+from hearthside.autotune.wisdom import WisdomDB, default_wisdom_path
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.errors import HearthsideError, ModelFileError
-from hearthside.core.models.catalog import catalog_entry, catalog_ids, catalog_spec
-from hearthside.core.models.store import ModelRecord, ModelStore
+from hearthside.core.models.catalog import (
+    catalog_entry,
+    catalog_ids,
+    catalog_spec,
+    resolve_spec,
+)
+from hearthside.core.models.gguf_validator import validate_gguf
+from hearthside.core.models.spec import ModelSpec
+from hearthside.core.models.store import (
+    DB_FILE_NAME,
+    DEFAULT_REF,
+    ModelRecord,
+    ModelStore,
+    registered_file,
+)
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
-from hearthside.core.serialize import from_jsonable, to_jsonable
 from hearthside.core.units import format_bytes
 from hearthside.kernels import calibrate as calibration_kernels
 from hearthside.kernels.calibrate import run_calibration
@@ -49,19 +89,9 @@ CALIBRATION_BUDGET_S = calibration_kernels.DEFAULT_BUDGET_S  # a whole one: the 
 MAX_SUGGESTIONS = 6
 # Decode speed-ups inside this band are measurement noise, not a difference.
 SAME_SPEED_BAND = (0.95, 1.05)
-RECORDING_SCHEMA = 1
-RECORDING = "tune_events.json"
 
 
 # --- data ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Survey:
-    """Page 1's facts: the machine and its calibration figures ({} when never calibrated)."""
-
-    profile: HardwareProfile
-    calibration: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -136,9 +166,15 @@ class SettingRow:
 # ---- facts, pure or blocking (worker threads) -------------------------------------------------
 
 
-def survey(profile: HardwareProfile) -> Survey:
+def machine_context(profile: HardwareProfile) -> MachineContext:
+    """This machine's context (`MachineContext`): read it once, pass it on."""
     with WisdomDB() as db:
-        return Survey(profile, calibration_for(profile, db))
+        return read_machine_context(profile, db)
+
+
+def wisdom_path() -> Path:
+    """Where the autotune DB is (the CLI names it)."""
+    return default_wisdom_path()
 
 
 def model_choices(profile: HardwareProfile, calibration: Mapping[str, float]) -> list[ModelChoice]:
@@ -178,10 +214,128 @@ def _catalog_choice(model_id: str, decode_tps: float) -> ModelChoice:
     return ModelChoice(model_id, entry.name, detail, None)
 
 
-def plan_for_catalog(choice: ModelChoice, survey_: Survey, goal: Goal) -> Plan:
+def plan_for_catalog(choice: ModelChoice, machine: MachineContext, goal: Goal) -> Plan:
     return plan(
-        catalog_spec(choice.ref), survey_.profile, goal=goal, calibration=survey_.calibration
+        catalog_spec(choice.ref), machine.profile, goal=goal, calibration=machine.calibration
     )
+
+
+# ---- planning a model (`hearthside plan`) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelPlanRequest:
+    """A model to plan (anything `resolve_spec` takes) on `profile`: this machine, a recorded
+    profile or a what-if spec (which finds no calibration: its fingerprint differs)."""
+
+    ref: str
+    profile: HardwareProfile
+    goal: Goal = "balanced"
+    n_ctx: int | None = None
+    free_margin_bytes: int = DEFAULT_FREE_MARGIN_BYTES
+    n_parallel: int | None = None
+    min_decode_tps: float = DEFAULT_MIN_DECODE_TPS  # the quality goal's floor among variants
+    installed_only: bool = False  # leave out the quants that could be made locally
+
+
+def plan_model(request: ModelPlanRequest) -> Plan | VariantChoice:
+    """The plan for the model, or, when it has installed quant variants, the goal's pick among
+    them (and the quants that could be made from the one with the most bits) with its plan."""
+    machine = machine_context(request.profile)
+    variants = model_variants(request.ref)
+    if len(variants) > 1:
+        if not request.installed_only:
+            variants += makeable_variants(variants)
+        return plan_variants(
+            variants,
+            request.profile,
+            goal=request.goal,
+            n_ctx=request.n_ctx,
+            free_margin_bytes=request.free_margin_bytes,
+            calibration=machine.calibration,
+            min_decode_tps=request.min_decode_tps,
+            n_parallel=request.n_parallel,
+            qualities=measured_variant_qualities(request.ref, variants),
+            kv_priors=_kv_priors(request.ref, variants[0].spec),
+        )
+    spec = variants[0].spec if variants else resolve_spec(request.ref)
+    return plan(
+        spec,
+        request.profile,
+        goal=request.goal,
+        n_ctx=request.n_ctx,
+        free_margin_bytes=request.free_margin_bytes,
+        calibration=machine.calibration,
+        pieces=_file_pieces(request.ref),
+        n_parallel=request.n_parallel,
+        kv_priors=_kv_priors(request.ref, spec),
+    )
+
+
+def measure_weight_types(ref: str, profile: HardwareProfile) -> list[str]:
+    """Measure the model's weight types this machine's calibration lacks (kept in the DB, so
+    later plans say "measured" for them): a sentence per type measured, [] when every one was
+    measured already."""
+    pieces = _file_pieces(ref) or pieces_from_spec(resolve_spec(ref))
+    with WisdomDB() as wisdom:
+        costs = measure_type_costs(model_weight_types(pieces), profile, wisdom)
+    return [describe_type_cost(cost) for cost in costs]
+
+
+def _file_pieces(ref: str) -> list[WeightPiece] | None:
+    """A GGUF file's own tensors, so each is costed at its own type (a spec groups them)."""
+    path = Path(ref)
+    if not (ref.lower().endswith(".gguf") and path.is_file()):
+        return None
+    return pieces_from_gguf(validate_gguf(path))
+
+
+def model_variants(ref: str) -> list[Variant]:
+    """The installed quant variants of the model `ref` names, itself included; [] when `ref`
+    is not an installed model (a path, a catalog id, a descriptor)."""
+    if Path(ref).is_file() or not (data_dir() / DB_FILE_NAME).exists():
+        return []
+    with ModelStore(data_dir()) as store:
+        if ref != DEFAULT_REF and store.find(ref) is None:
+            return []
+        family = store.family(store.resolve(ref))
+        labels = [record.quant or record.id for record in family]
+        return [
+            Variant(
+                label if labels.count(label) == 1 else record.id,
+                resolve_spec(record.id, store),
+                model_id=record.id,
+            )
+            for label, record in zip(labels, family, strict=True)
+        ]
+
+
+def measured_variant_qualities(ref: str, variants: Sequence[Variant]) -> dict[str, RunQuality]:
+    """Each installed variant's quality against the model's reference, where the autotune DB
+    has it (`hearthside quality MODEL --variants ...` measures them)."""
+    from hearthside.autotune.quality import QualityError, choose_reference  # loads the engine
+
+    with ModelStore(data_dir()) as store:
+        family = store.family(store.resolve(ref))
+    try:
+        reference = choose_reference(family)
+    except QualityError:
+        return {}  # every file was re-quantized from one that is gone: nothing to compare
+    files = {record.id: record.path for record in family if record.path.is_file()}
+    paths = {v.label: files[v.model_id] for v in variants if v.model_id in files}
+    if not reference.path.is_file():
+        return {}
+    with WisdomDB() as wisdom:
+        return variant_qualities(wisdom, reference.path, paths)
+
+
+def _kv_priors(ref: str, spec: ModelSpec) -> dict[str, RunQuality]:
+    """The KV types' quality measured on this model, else on its family, on this machine."""
+    with WisdomDB() as wisdom:
+        return kv_priors_of(wisdom, spec.architecture, registered_file(ref))
+
+
+# ---- the result's words ------------------------------------------------------------------------
 
 
 def settings_rows(chosen: Mapping[str, Any], default: Mapping[str, Any]) -> list[SettingRow]:
@@ -413,6 +567,15 @@ def apply_tuning(result: TuneResult) -> None:
             raise HearthsideError("There is nothing to apply.", hint="Measure a model first.")
 
 
+def tuned_speed_of_light(result: TuneResult, profile: HardwareProfile) -> SpeedOfLight | None:
+    """The pick's measured decode speed against this machine's limit for it (the result
+    page's speed-of-light line); None without a pick or a limit. Blocking (reads the DB)."""
+    from hearthside.autotune.speed_meter import tuned_reading
+
+    with WisdomDB() as wisdom:
+        return tuned_reading(result, profile, wisdom)
+
+
 # ---- the measuring job (runs on the engine thread) -------------------------------------------
 
 
@@ -485,46 +648,3 @@ def _threads(value: Any, automatic: str) -> str:
 
 def _gpu_layers(value: Any) -> str:
     return "all" if value == -1 else str(value)
-
-
-# --- a recorded run ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TuneRecording:
-    """A real tuning run, kept to replay (screenshots): the machine, the updates, the result."""
-
-    profile: HardwareProfile
-    model_name: str
-    updates: tuple[MeasureUpdate, ...]
-    result: TuneResult
-
-    def to_json(self) -> str:
-        data = {
-            "schema": RECORDING_SCHEMA,
-            "profile": json.loads(self.profile.to_json()),
-            "model_name": self.model_name,
-            "updates": [to_jsonable(update) for update in self.updates],
-            "result": to_jsonable(self.result),
-        }
-        return json.dumps(data, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> TuneRecording:
-        data = json.loads(text)
-        if data.get("schema") != RECORDING_SCHEMA:
-            raise HearthsideError("This tuning recording has an unknown schema.")
-        return cls(
-            profile=HardwareProfile.from_json(json.dumps(data["profile"])),
-            model_name=data["model_name"],
-            updates=tuple(from_jsonable(MeasureUpdate, item) for item in data["updates"]),
-            result=from_jsonable(TuneResult, data["result"]),
-        )
-
-
-def recorded_run() -> TuneRecording:
-    """The recording shipped with the tests (a real short tune of the default model)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "wizard" / RECORDING
-    if not path.is_file():
-        raise HearthsideError(f"No tuning recording at {path}.", hint="Run from a source tree.")
-    return TuneRecording.from_json(path.read_text(encoding="utf-8"))

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from hearthside.autotune.calibration import LEARNED, logits_seconds
+from hearthside.autotune.calibration_figures import LEARNED, logits_seconds
 from hearthside.autotune.cpu_costs import (
     MEASURED,
     KernelCosts,
@@ -54,7 +54,7 @@ from hearthside.autotune.memory import (
     repacked_types,
 )
 from hearthside.autotune.recipes import matching
-from hearthside.autotune.wisdom import Recipe
+from hearthside.autotune.records import Recipe
 from hearthside.core.engine.config import CHAT_CONTEXT, EngineConfig, TensorOverride
 from hearthside.core.models.spec import ModelSpec, TensorGroup
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile

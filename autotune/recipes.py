@@ -1,6 +1,7 @@
 """Curated priors (`assets/recipes.json`): hardware and model-family facts the planner applies,
 each with its reason. They shape the candidates; measurements on the machine outrank them
-(the tuner's winner becomes the model's default whatever a recipe said)."""
+(the tuner's winner becomes the model's default whatever a recipe said). The tuner puts them
+into the autotune DB too (`wisdom.sync_recipes`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from hearthside.autotune.wisdom import Recipe, WisdomDB
+from hearthside.autotune.records import Recipe
 from hearthside.core.models.spec import ModelSpec
 from hearthside.core.probe.profile import HardwareProfile
 
@@ -26,11 +27,6 @@ def shipped_recipes() -> tuple[Recipe, ...]:
         )
         for item in json.loads(text)["recipes"]
     )
-
-
-def sync_recipes(db: WisdomDB) -> None:
-    """Put the shipped recipes into the autotune DB (replacing older ones)."""
-    db.load_recipes(shipped_recipes())
 
 
 def matching(spec: ModelSpec, profile: HardwareProfile) -> list[Recipe]:

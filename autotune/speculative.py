@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import Any
 
-from hearthside.autotune.fingerprint import TuningKey
+from hearthside.autotune.records import TuningKey
 from hearthside.core.engine.config import SpeculativeConfig
-from hearthside.core.engine.speculative import SpeculationStats
+from hearthside.core.engine.metrics import SpeculationStats
 from hearthside.core.errors import HearthsideError
 
 MIN_GAIN = 1.05  # measured decode speed-up needed to switch speculation on

@@ -18,24 +18,31 @@ machines.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, astuple, dataclass, replace
+from dataclasses import asdict, astuple, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from hearthside.autotune.fingerprint import TuningKey
+# The records live in `records.py` (plain data the plan reads too); their callers import
+# them from here as well.
+from hearthside.autotune.recipes import shipped_recipes
+from hearthside.autotune.records import RIGOR_RANK as RIGOR_RANK
+from hearthside.autotune.records import Efficiency as Efficiency
+from hearthside.autotune.records import ModelDefault as ModelDefault
+from hearthside.autotune.records import Outcome as Outcome
+from hearthside.autotune.records import QualityRecord as QualityRecord
+from hearthside.autotune.records import Recipe as Recipe
+from hearthside.autotune.records import Rigor as Rigor
+from hearthside.autotune.records import RunRecord as RunRecord
+from hearthside.autotune.records import TuningKey as TuningKey
+from hearthside.autotune.records import config_key as config_key
 from hearthside.core.database import DatabaseKind, classified_errors, open_database, transaction
 from hearthside.core.errors import HearthsideError
 from hearthside.core.paths import data_dir
 
-Rigor = Literal["estimate", "quick", "thorough"]
-# "crashed": the engine worker died measuring it (a signal, an abort) — never tried again.
-Outcome = Literal["ok", "oom", "failed", "timeout", "crashed"]
-RIGOR_RANK: dict[str, int] = {rigor: rank for rank, rigor in enumerate(get_args(Rigor))}
 EXPORT_KIND = "hearthside-wisdom"
 EXPORT_SCHEMA = 1
 # An efficiency factor averages at most this many runs, so it keeps following the machine
@@ -47,99 +54,14 @@ class WisdomError(HearthsideError):
     """The autotune database cannot be used, or a wisdom file cannot be imported."""
 
 
-@dataclass(frozen=True)
-class RunRecord:
-    """One configuration tried on one machine, engine build and model."""
-
-    key: TuningKey
-    config: dict[str, Any]  # EngineConfig.to_dict(), without the model's path
-    rigor: Rigor
-    outcome: Outcome
-    prefill_tps: float | None = None
-    decode_tps: float | None = None
-    ttft_s: float | None = None
-    memory: dict[str, Any] | None = None  # what llama.cpp allocated (LoadReport.to_dict())
-    predicted: dict[str, Any] | None = None  # the cost model's figures at the time
-    error: str | None = None
-    created_at: str = ""
-    id: int | None = None
-
-    @property
-    def config_key(self) -> str:
-        return config_key(self.config)
-
-    @property
-    def failed(self) -> bool:
-        return self.outcome != "ok"
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """Measured over predicted speed on one device for one kind of work ("decode"/"prefill")."""
-
-    machine: str
-    engine: str
-    device: str
-    kind: str
-    factor: float = 1.0
-    samples: int = 0
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """A curated prior: settings for hardware/model families, with the reason."""
-
-    id: str
-    applies_to: dict[str, Any]  # e.g. {"architecture": ["gemma3"], "gpu_arch": ["sm_70"]}
-    settings: dict[str, Any]
-    rationale: str
-    source: str = "assets/recipes.json"
-
-
-@dataclass(frozen=True)
-class QualityRecord:
-    """One candidate measured against its model's reference over one evaluation text."""
-
-    reference_model: str  # fingerprint of the reference file
-    candidate_model: str  # fingerprint of the candidate's weights file
-    kv_type: str  # the candidate's KV-cache type (K and V alike)
-    text_hash: str  # sha256 of the evaluation text
-    n_ctx: int  # tokens per evaluation chunk
-    candidate: str  # its name in words, e.g. "Q4_0"
-    reference: str  # the reference file's name, e.g. "SmolLM2-135M-Instruct.Q4_1.gguf"
-    n_tokens: int  # tokens scored
-    mean_kld: float  # nats per token
-    kld_p99: float
-    top1_agreement: float  # 0..1: same most likely next token as the reference
-    perplexity: float
-    reference_perplexity: float
-    created_at: str = ""
-    # the reference's `general.architecture` (e.g. "gemma3"): its family, whose other models
-    # take a KV type's measured figure as their prior; "" where a row predates the column
-    architecture: str = ""
-
-
 QUALITY_COLUMNS = tuple(QualityRecord.__dataclass_fields__)
 # Columns an older export may lack, and what they then hold.
 QUALITY_OPTIONAL = {"architecture": ""}
 
 
-@dataclass(frozen=True)
-class ModelDefault:
-    key: TuningKey
-    config: dict[str, Any]
-    goal: str
-    run_id: int | None
-    updated_at: str = ""
-
-
-def config_key(config: Mapping[str, Any]) -> str:
-    """The same settings give the same key, whatever the dict order or the model's path."""
-    tunable = {name: value for name, value in config.items() if name != "model_path"}
-    if tunable.get("n_parallel") == 1:  # keys written before there were slots stay the same
-        del tunable["n_parallel"]
-    canonical = json.dumps(tunable, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+def sync_recipes(db: WisdomDB) -> None:
+    """Put the shipped recipes (`recipes.py`) into the autotune DB (replacing older ones)."""
+    db.load_recipes(shipped_recipes())
 
 
 def default_wisdom_path(home: str | None = None) -> Path:

@@ -10,10 +10,12 @@ compute, disk, whether other programs disturbed the measurements) and the raw fi
 EngineService job (chats wait meanwhile), and the page then reads it again.
 
 The probe runs in a child process (`probe_in_subprocess`) on a worker thread, so a hanging
-driver neither freezes nor crashes the window; the calibration and the predictions are read
-on a worker thread too (another Hearthside may hold the DB's lock for a moment). A fix runs as
-a command of Hearthside's own in a QProcess after the user confirms it; its output streams
-into a log box on the page.
+driver neither freezes nor crashes the window; the calibration comes from the window's
+`MachineState` (read on a worker thread: another Hearthside may hold the DB's lock for a
+moment), which tells the page each time it reads it again — after "Measure this machine", the
+wizard's calibration or tuning, or Apply — and the predictions are made on a worker too. A
+fix runs as a command of Hearthside's own in a QProcess after the user confirms it; its output
+streams into a log box on the page.
 """
 
 from __future__ import annotations
@@ -45,10 +47,10 @@ from PySide6.QtWidgets import (
 )
 
 from hearthside.app.gui.labels import make_label as _label
+from hearthside.app.gui.machine_state import MachineState
 from hearthside.app.gui.workers import MainThreadRelay, run_in_background
-from hearthside.autotune.calibration import calibration_for, latest_report
+from hearthside.autotune.machine import MachineContext
 from hearthside.autotune.planner import plan
-from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.errors import EngineError, HearthsideError, describe_error
 from hearthside.core.models.catalog import catalog_entry, catalog_spec
 from hearthside.core.paths import data_dir, models_dir
@@ -438,21 +440,25 @@ class CalibrationView:
     predictions: tuple[SizePrediction, ...] = ()
 
 
-def calibration_view(profile: HardwareProfile) -> CalibrationView:
-    """This machine's latest calibration in the autotune DB, and the planner's speeds per model
-    size with it; blocking (a worker thread)."""
-    try:
-        with WisdomDB() as wisdom:
-            report = latest_report(profile, wisdom)
-            figures = calibration_for(profile, wisdom) if report is not None else {}
-    except CalibrationError as exc:  # a report from a newer version
-        return CalibrationView(status=f"{exc.message} {MEASURE_AGAIN}")
-    except HearthsideError as exc:  # a locked or damaged DB
-        return CalibrationView(status=exc.user_text())
-    predictions = predict_sizes(profile, figures)
+def calibration_view(context: MachineContext) -> CalibrationView:
+    """This machine's latest calibration, and the planner's speeds per model size with it; a
+    few plans, so on a worker thread."""
+    report = context.report
+    figures = context.calibration if report is not None else {}
+    predictions = predict_sizes(context.profile, figures)
     if report is None:
         return CalibrationView(status=NOT_CALIBRATED, predictions=predictions)
     return replace(report_view(report), predictions=predictions)
+
+
+def unreadable_view(error: BaseException) -> CalibrationView | None:
+    """What the card says when this machine's calibration could not be read; None for an error
+    that is not about the calibration or the DB (the card shows it as any error)."""
+    if isinstance(error, CalibrationError):  # a report from a newer version
+        return CalibrationView(status=f"{error.message} {MEASURE_AGAIN}")
+    if isinstance(error, HearthsideError):  # a locked or damaged DB
+        return CalibrationView(status=error.user_text())
+    return None
 
 
 def report_view(report: CalibrationReport) -> CalibrationView:
@@ -557,10 +563,11 @@ class GoodForCard(QFrame):
 
 
 class CalibrationCard(QFrame):
-    """The Calibration card: "Reading…" until `calibration_view` returns from a worker, then
-    a short summary with the raw figures behind "Details", and the button that measures."""
+    """The Calibration card: "Reading…" until it is shown this machine's context
+    (`show_context`, its view made on a worker), then a short summary with the raw figures
+    behind "Details", and the button that measures."""
 
-    def __init__(self, profile: HardwareProfile, good_for: GoodForCard | None = None) -> None:
+    def __init__(self, good_for: GoodForCard | None = None) -> None:
         super().__init__()
         self._good_for = good_for
         self._layout = _card_layout(self, "Calibration")
@@ -590,7 +597,16 @@ class CalibrationCard(QFrame):
         self._layout.addLayout(self._summary)
         self._layout.addLayout(buttons)
         self._layout.addWidget(self.details)
-        run_in_background(lambda: calibration_view(profile), self.show_view, self.show_error)
+
+    def show_context(self, context: MachineContext) -> None:
+        run_in_background(lambda: calibration_view(context), self.show_view, self.show_error)
+
+    def show_unreadable(self, error: BaseException) -> None:
+        view = unreadable_view(error)
+        if view is None:
+            self.show_error(error)
+        else:
+            self.show_view(view)
 
     def show_view(self, view: CalibrationView) -> None:
         self.view = view
@@ -646,6 +662,10 @@ def _form(rows: Sequence[Row]) -> QFormLayout:
 
 
 class HardwarePage(QWidget):
+    """The probe's profile, and this machine's calibration from `machine` (the window's
+    `MachineState`, or one of the page's own): the page hands it each profile it probes and
+    shows each context it reads, so a new calibration shows without probing again."""
+
     profile_ready = Signal(object)  # HardwareProfile
     calibrated = Signal()  # "Measure this machine" stored a new calibration
 
@@ -655,8 +675,12 @@ class HardwarePage(QWidget):
         *,
         probe_command: Sequence[str] | None = None,
         service: EngineService | None = None,
+        machine: MachineState | None = None,
     ) -> None:
         super().__init__(parent)
+        self.machine = machine if machine is not None else MachineState(self)
+        self.machine.changed.connect(self._show_context)
+        self.machine.failed.connect(self._context_failed)
         self._probe_command = list(probe_command) if probe_command is not None else None
         self._probing = False
         self.service = service
@@ -709,15 +733,45 @@ class HardwarePage(QWidget):
         )
         self._show_content(self._build_profile(profile))
         self.profile_ready.emit(profile)
+        self.machine.set_profile(profile)
+        known = self.machine.context
+        if not self.machine.reading and known is not None and self.calibration_card is not None:
+            self.calibration_card.show_context(known)  # the one held is this profile's
 
     def attach_service(self, service: EngineService) -> None:
         """The engine whose queue "Measure this machine" waits in (chats wait behind it)."""
         self.service = service
 
     def reload_calibration(self) -> None:
-        """Read the calibration and the predictions again (after a measurement or a tuning)."""
-        if self.profile is not None:
+        """Read the calibration and the predictions again (after a measurement or a tuning):
+        the machine's context is read again, and `_show_context` shows it."""
+        self.machine.refresh()
+
+    def _show_context(self, context: MachineContext) -> None:
+        """A new context for this machine: the calibration card (a fresh one once the first
+        has shown its figures) and the predictions show it."""
+        if self.profile is None:
+            return  # nothing shown yet: the probe's profile comes with its own read
+        card = self.calibration_card
+        if card is None or card.loaded:
             self._show_content(self._build_profile(self.profile))
+            card = self.calibration_card
+        assert card is not None
+        card.show_context(context)
+
+    def _show_again(self) -> None:
+        """Build the page again for the profile shown (the cards read their records anew),
+        its calibration card showing the context held."""
+        if self.profile is None:
+            return
+        self._show_content(self._build_profile(self.profile))
+        context = self.machine.context
+        if context is not None and self.calibration_card is not None:
+            self.calibration_card.show_context(context)
+
+    def _context_failed(self, error: BaseException) -> None:
+        if self.calibration_card is not None:
+            self.calibration_card.show_unreadable(error)
 
     # -- measuring --
 
@@ -860,7 +914,7 @@ class HardwarePage(QWidget):
         layout.addLayout(columns)
         for card in self._problem_cards(profile):
             layout.addWidget(card)
-        self.calibration_card = CalibrationCard(profile, self.good_for_card)
+        self.calibration_card = CalibrationCard(self.good_for_card)
         self.calibration_card.measure_button.clicked.connect(self.measure_machine)
         layout.addWidget(self.calibration_card)
         layout.addStretch(1)
@@ -991,7 +1045,7 @@ class HardwarePage(QWidget):
             )
             if not changed:
                 self._fix_done()
-                self.reload_calibration()  # the engine card now shows the test's record
+                self._show_again()  # the engine card now shows the test's record
                 return
         else:
             self.log_title.setText(f"The command failed (exit {exit_code}); see its output.")

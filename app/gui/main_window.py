@@ -57,6 +57,7 @@ from hearthside.app.gui.engine_bridge import EngineBridge, LoadedModel
 from hearthside.app.gui.hardware_page import HardwarePage
 from hearthside.app.gui.icons import app_icon, icon
 from hearthside.app.gui.labels import plain_tooltip
+from hearthside.app.gui.machine_state import MachineState
 from hearthside.app.gui.message_bar import MessageBar
 from hearthside.app.gui.model_loader import (
     LoadOptions,
@@ -226,10 +227,17 @@ class MainWindow(QMainWindow):
         self.sidebar_splitter.setStretchFactor(1, 1)
         self.sidebar_splitter.setSizes([260, 900])
         self.models_page = ModelsPage(self.root, self)
-        self.hardware_page = HardwarePage(self, probe_command=probe_command, service=self.service)
+        # This machine's context (profile, calibration, fingerprints), read once for the
+        # Hardware and Plan pages and the wizard, and read again when a measurement changes it.
+        self.machine = MachineState(self)
+        self.hardware_page = HardwarePage(
+            self, probe_command=probe_command, service=self.service, machine=self.machine
+        )
         # The plan page takes the Hardware page's profile; it probes only if it has none yet.
         self._probe = default_probe(probe_command)
-        self.plan_page = PlanPage(self, settings=self.settings, probe=self._probe)
+        self.plan_page = PlanPage(
+            self, settings=self.settings, probe=self._probe, machine=self.machine
+        )
         self.pages = QStackedWidget(self)
         for page in (self.sidebar_splitter, self.models_page, self.hardware_page, self.plan_page):
             self.pages.addWidget(page)
@@ -350,8 +358,6 @@ class MainWindow(QMainWindow):
         self.models_page.models_changed.connect(self.model_picker.reload)
         self.chat_pane.model_picker.model_chosen.connect(self.load_model)
         self.model_picker.error.connect(self.show_error)
-        self.hardware_page.profile_ready.connect(self.plan_page.set_profile)
-        self.hardware_page.calibrated.connect(self.plan_page.measurements_changed)
         self.plan_page.load_requested.connect(self._load_planned_config)
         self.banner.accepted.connect(self._optimize)
         self.banner.dismissed.connect(self._dismiss_banner)
@@ -746,11 +752,12 @@ class MainWindow(QMainWindow):
         loaded = self.bridge.loaded_model
         self.optimize_wizard = OptimizeWizard(
             self.service,
-            self.hardware_page.profile,
+            self.machine.context or self.hardware_page.profile,
             self,
             current_model_id=loaded.model_id if loaded else None,
         )
         self.optimize_wizard.applied.connect(self._apply_tuning)
+        self.optimize_wizard.measured.connect(self.measurements_changed)
         self.optimize_wizard.models_page_requested.connect(lambda: self.show_page(MODELS_PAGE))
         self.optimize_wizard.open()
 
@@ -767,9 +774,9 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def measurements_changed(self) -> None:
-        """A calibration or a tuning was stored: the Hardware and Plan pages read them again."""
-        self.hardware_page.reload_calibration()
-        self.plan_page.measurements_changed()
+        """A calibration or a tuning was stored: this machine's context is read again, and the
+        Hardware and Plan pages show it when it comes (`MachineState.changed`)."""
+        self.machine.refresh()
 
     @Slot()
     def _dismiss_banner(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shlex
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -164,14 +164,19 @@ class OverrideResult:
 # ---- blocking work (worker thread) -----------------------------------------------------------
 
 
-def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
-    """Resolve the model, read calibration and measurements, and plan; blocking."""
+def compute_plan(
+    request: PlanRequest, profile: HardwareProfile, calibration: Mapping[str, float] | None = None
+) -> PlanView:
+    """Resolve the model, read measurements, and plan; blocking. `calibration` is this
+    machine's figures (its `MachineContext`'s); None reads them from the autotune DB."""
     spec = resolve_spec(request.ref)
     model_file = registered_file(request.ref)
     this_machine = request.hardware == THIS_MACHINE
     with WisdomDB() as wisdom:
         # This machine's calibration and measurements say nothing about what-if hardware.
-        calibration = calibration_for(profile, wisdom) if this_machine else {}
+        figures: dict[str, float] = {}
+        if this_machine:
+            figures = dict(calibration_for(profile, wisdom) if calibration is None else calibration)
         priors = kv_priors_of(wisdom, spec.architecture, model_file)
         result = plan(
             spec,
@@ -179,7 +184,7 @@ def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
             goal=request.goal,
             n_ctx=request.n_ctx,
             free_margin_bytes=request.free_margin_bytes,
-            calibration=calibration or None,
+            calibration=figures or None,
             n_parallel=request.n_parallel,
             kv_priors=priors,
         )
@@ -191,9 +196,7 @@ def compute_plan(request: PlanRequest, profile: HardwareProfile) -> PlanView:
 
             speculation = stored_speculation(wisdom, tuning_key(profile, model_file))
     kv_quality = kv_prior(result.config.type_k, priors)
-    return PlanView(
-        request, result, spec, calibration, model_file, measured, speculation, kv_quality
-    )
+    return PlanView(request, result, spec, figures, model_file, measured, speculation, kv_quality)
 
 
 def measured_speed(

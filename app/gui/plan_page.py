@@ -12,9 +12,11 @@ with several GPUs or nodes gets the recipe view (recipe_view.py): vLLM or llama-
 memory per GPU, reasons and advice.
 
 Resolving the model (reading its GGUF header), calibration and wisdom lookups, the plan and
-the recipe run on a worker thread (`compute_plan`, `compute_recipe`). The hardware profile is
-the Hardware page's when it has one; the page probes (once, in a child process) only when it
-has none and plans for this machine.
+the recipe run on a worker thread (`compute_plan`, `compute_recipe`). This machine — its
+profile and calibration figures — is the `MachineContext` of `machine` (the window's
+`MachineState`, shared with the Hardware page, or the page's own); the page probes (once, in a
+child process) only when it holds none and plans for this machine. Each new context (a
+calibration, a tuning run, Apply) plans again.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from PySide6.QtWidgets import (
 )
 
 from hearthside.app.gui.labels import make_label
+from hearthside.app.gui.machine_state import MachineState
 from hearthside.app.gui.memory_bar import DeviceMemoryView
 from hearthside.app.gui.plan_content import (
     GOAL_NAMES,
@@ -78,6 +81,7 @@ from hearthside.app.gui.plan_content import (
 )
 from hearthside.app.gui.recipe_view import RecipeView, clear_layout, make_card
 from hearthside.app.gui.workers import BackgroundTask, run_in_background
+from hearthside.autotune.machine import MachineContext
 from hearthside.autotune.planner import (
     DEFAULT_FREE_MARGIN_BYTES,
     KV_CHOICES,
@@ -191,11 +195,16 @@ class PlanPage(QWidget):
         *,
         settings: QSettings | None = None,
         probe: Callable[[], HardwareProfile] | None = None,
+        machine: MachineState | None = None,
     ) -> None:
         super().__init__(parent)
         self.settings = settings
         self._probe = probe or default_probe(None)
+        self.machine = machine if machine is not None else MachineState(self)
+        self.machine.changed.connect(self.set_context)
+        self.machine.failed.connect(self._context_failed)
         self.profile: HardwareProfile | None = None
+        self.context: MachineContext | None = None
         self.view: PlanView | None = None
         self.recipe: RecipeOutcome | None = None
         self.cluster: ClusterSpec | None = None  # what-if hardware; None: this machine
@@ -220,10 +229,17 @@ class PlanPage(QWidget):
 
     # -- inputs --
 
-    def set_profile(self, profile: HardwareProfile) -> None:
-        """The machine to plan for (the Hardware page's probe); re-plans a visible page."""
-        if profile is self.profile:
-            return
+    def set_context(self, context: MachineContext) -> None:
+        """This machine as it is now (its profile and calibration figures): plan again now when
+        the page shows, else the next time it does."""
+        self.context = context
+        if context.profile is not self.profile:
+            self._set_profile(context.profile)
+        else:
+            self.measurements_changed()
+
+    def _set_profile(self, profile: HardwareProfile) -> None:
+        """The machine to plan for; re-plans a visible page."""
         self.profile = profile
         self._update_override_limits()
         if self.cluster is None and (self._wanted or self.isVisible()):
@@ -425,7 +441,8 @@ class PlanPage(QWidget):
         profile = self.planning_profile()
         if profile is None:
             self._wanted = True
-            self._start_probe()
+            if self.machine.profile is None:  # else its context is on its way: plan then
+                self._start_probe()
             return
         if self._task is not None:
             self._wanted = True
@@ -436,8 +453,10 @@ class PlanPage(QWidget):
             return
         self._set_busy(True, "Planning…")
         self._outdated = False
+        # this machine's figures, as read once for the window; None: read with the plan
+        calibration = self.context.calibration if self.context is not None else None
         self._task = run_in_background(
-            lambda: compute_plan(request, profile), self._planned, self._plan_failed
+            lambda: compute_plan(request, profile, calibration), self._planned, self._plan_failed
         )
 
     def _start_recipe(self, request: RecipeRequest) -> None:
@@ -459,9 +478,16 @@ class PlanPage(QWidget):
         self._probe_task = run_in_background(self._probe, self._probed, self._probe_failed)
 
     def _probed(self, profile: HardwareProfile) -> None:
+        """The page's own probe: the machine's context is read for it, and planned with."""
         self._probe_task = None
         self._set_busy(False)
-        self.set_profile(profile)
+        self.machine.set_profile(profile)
+
+    def _context_failed(self, error: BaseException) -> None:
+        """This machine's calibration could not be read: plan with what the plan reads."""
+        profile = self.machine.profile
+        if profile is not None and profile is not self.profile:
+            self._set_profile(profile)
 
     def _probe_failed(self, error: BaseException) -> None:
         self._probe_task = None

@@ -195,9 +195,14 @@ def render_hardware_page(outdir: Path) -> Path:
 
 
 def wait_for_calibration_card(page: Any) -> None:
-    """The card reads the database on a worker: show what it read, not "Reading…"."""
-    card = page.calibration_card
-    wait_until(lambda: card is None or card.loaded, START_TIMEOUT_S)
+    """The card shows the machine's context, read on a worker: show what it read, not
+    "Reading…" (after a calibration, the card that shows the new one)."""
+
+    def shown() -> bool:
+        card = page.calibration_card
+        return card is None or (not page.machine.reading and card.loaded)
+
+    wait_until(shown, START_TIMEOUT_S)
 
 
 def sample_cuda_profile() -> HardwareProfile:
@@ -276,7 +281,8 @@ WIZARD_SIZE = (1000, 700)
 
 def render_wizard(outdir: Path) -> list[Path]:
     """Each page of the Optimize wizard, replaying a recorded tune of the default model."""
-    from hearthside.app.gui.wizard import PAGE_MEASURE, wizard_for_screenshots
+    from hearthside.app.gui.screenshot_recording import wizard_for_screenshots
+    from hearthside.app.gui.wizard import PAGE_MEASURE
 
     written = []
     for page, name in enumerate(WIZARD_SHOTS):
@@ -412,6 +418,8 @@ def measure_this_machine(window: Any) -> None:
     page.measure_machine()
     if not wait_until(lambda: bool(done), MEASURE_TIMEOUT_S):
         print("the calibration did not finish in time; the shots show none", file=sys.stderr)
+        return
+    wait_for_calibration_card(page)
 
 
 def tour_at(window: Any, module: Any, outdir: Path, size: tuple[int, int]) -> list[Path]:
@@ -468,7 +476,8 @@ def api_on(window: Any, module: Any, path: Path, size: tuple[int, int]) -> Path:
 
 def wizard_result(window: Any, path: Path, size: tuple[int, int]) -> Path:
     """The wizard's result page (a recorded real run), at most as large as the window."""
-    from hearthside.app.gui.wizard import PAGE_RESULT, wizard_for_screenshots
+    from hearthside.app.gui.screenshot_recording import wizard_for_screenshots
+    from hearthside.app.gui.wizard import PAGE_RESULT
 
     wizard = wizard_for_screenshots(PAGE_RESULT, parent=None)
     try:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from hearthside.core.errors import ModelFileError
 from hearthside.core.models.descriptor import (
@@ -26,8 +26,10 @@ from hearthside.core.models.descriptor import (
     spec_from_descriptor,
 )
 from hearthside.core.models.spec import SOURCE_CATALOG, ModelSpec, spec_from_gguf
-from hearthside.core.models.store import DEFAULT_REF, ModelStore
 from hearthside.core.paths import data_dir
+
+if TYPE_CHECKING:  # the registry (SQLite) is opened only to resolve a registered id
+    from hearthside.core.models.store import ModelStore
 
 __all__ = [
     "CATALOG_FILE",
@@ -109,6 +111,9 @@ def resolve_spec(ref: str, store: ModelStore | None = None) -> ModelSpec:
 
 
 def _registered_spec(ref: str, store: ModelStore | None) -> ModelSpec | None:
+    # Imported here: the catalog alone (what-if plans, autotune's plan part) needs no SQLite.
+    from hearthside.core.models.store import DEFAULT_REF, ModelStore
+
     if _looks_like_path(ref):
         return None
     if store is None:

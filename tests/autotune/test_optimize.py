@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hearthside.app.gui.screenshot_recording import recorded_run
 from hearthside.autotune import tuner
 from hearthside.autotune.calibration import calibration_for, latest_report
 from hearthside.autotune.goals import RunQuality
@@ -20,7 +21,6 @@ from hearthside.autotune.optimize import (
     measure,
     measured_reasons,
     quality_text,
-    recorded_run,
     settings_rows,
     verdict,
 )

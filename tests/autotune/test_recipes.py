@@ -6,8 +6,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from hearthside.autotune.planner import plan
-from hearthside.autotune.recipes import applies, matching, shipped_recipes, sync_recipes
-from hearthside.autotune.wisdom import WisdomDB
+from hearthside.autotune.recipes import applies, matching, shipped_recipes
+from hearthside.autotune.wisdom import WisdomDB, sync_recipes
 from hearthside.core.models.catalog import catalog_ids, catalog_spec
 from hearthside.core.probe.spec import expand_spec, load_spec
 

@@ -17,6 +17,7 @@ from pytestqt.qtbot import QtBot
 from hearthside.app.gui import hardware_page
 from hearthside.app.gui.hardware_page import FixAction, HardwarePage
 from hearthside.autotune.calibration import store_calibration
+from hearthside.autotune.optimize import machine_context
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.engine import engine_info_from
@@ -24,7 +25,7 @@ from hearthside.core.probe.profile import EngineDevice, EngineInfo, HardwareProf
 from hearthside.core.probe.runner import with_advice
 from hearthside.kernels.calibrate import summarize_machine
 from hearthside.kernels.measurement import Measurement, Samples
-from hearthside.kernels.results import CalibrationReport, export_calibration
+from hearthside.kernels.results import CalibrationError, CalibrationReport, export_calibration
 
 pytestmark = pytest.mark.gui
 
@@ -265,7 +266,10 @@ def test_an_upgrade_shows_the_old_calibration_json_of_this_machine(
 def test_a_calibration_from_a_newer_version_says_so_and_how_to_fix_it() -> None:
     with WisdomDB() as wisdom:
         store_calibration(recorded_report(schema=99), rtx_3090_desktop(), wisdom)
-    view = hardware_page.calibration_view(rtx_3090_desktop())
+    with pytest.raises(CalibrationError) as unreadable:
+        machine_context(rtx_3090_desktop())  # what the window's MachineState reads
+    view = hardware_page.unreadable_view(unreadable.value)
+    assert view is not None
     assert view.status.startswith("This calibration comes from a newer Hearthside.")
     assert "Press “Measure this machine”" in view.status  # a button, not a command
     assert not view.calibrated and view.notes == ()

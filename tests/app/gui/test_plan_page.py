@@ -328,7 +328,9 @@ def test_load_with_this_plan_loads_the_plans_config_in_the_engine(
     try:
         window.show()
         window.hardware_page.show_profile(profile)
-        assert window.plan_page.profile is profile  # the Hardware page's, not a second probe
+        # the Hardware page's, with its context read once for both pages: not a second probe
+        qtbot.waitUntil(lambda: window.plan_page.profile is profile, timeout=PLAN_TIMEOUT_MS)
+        assert not window.plan_page.busy  # no probe of its own
         with qtbot.waitSignal(window.plan_page.plan_ready, timeout=PLAN_TIMEOUT_MS) as ready:
             window.page_actions[PLAN_PAGE].trigger()
         plan_config = ready.args[0].plan.config
