@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import gguf
@@ -55,18 +56,27 @@ def register_tiny_variants(files: dict[str, Path]) -> dict[str, Path]:
 
 
 def write_tiny_gguf(
-    path: Path, *, seed: int = 0, loadable: bool = False, name: str | None = None
+    path: Path,
+    *,
+    seed: int = 0,
+    loadable: bool = False,
+    name: str | None = None,
+    chat_template: str | Sequence[Mapping[str, str]] | None = None,
 ) -> Path:
     """A valid GGUF of two small F32 tensors. Seeds give different bytes (and sha256).
 
     With `loadable`, it is instead a complete one-layer llama model (about 0.8 MB) with an SPM
     vocabulary (with the 256 byte tokens), which llama.cpp loads and runs; without, llama.cpp
-    refuses it even though it is structurally sound.
+    refuses it even though it is structurally sound. `chat_template` is its
+    `tokenizer.chat_template`, or a list of {"name", "template"} for named ones as well
+    (`tokenizer.chat_template.<name>`; the one named "default" is the plain key).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_name(f"Tiny Test {seed}" if name is None else name)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     rng = np.random.default_rng(seed)
     if loadable:
         _add_llama_hparams_and_vocab(writer)

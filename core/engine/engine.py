@@ -54,6 +54,7 @@ from hearthside.core.engine.speculative import (
     make_draft,
 )
 from hearthside.core.engine.stops import StopMatcher
+from hearthside.core.engine.template_free_llama import chat_template_for
 from hearthside.core.engine.templates import ChatTemplate
 from hearthside.core.engine.tensor_overrides import native_overrides
 from hearthside.core.errors import (
@@ -568,16 +569,7 @@ class Engine:
         return time.perf_counter() - start
 
     def _make_chat_template(self) -> ChatTemplate:
-        bos = self._llama.token_bos()
-        eos = self._llama.token_eos()
-        return ChatTemplate(
-            self.model_info.chat_template,
-            bos_token=self._special_token_text(bos) if bos >= 0 else "",
-            eos_token=self._special_token_text(eos) if eos >= 0 else "",
-        )
-
-    def _special_token_text(self, token: int) -> str:
-        return self._llama._model.token_get_text(token)
+        return chat_template_for(self._llama, self.model_info.chat_template)
 
 
 class _GenerationRun:

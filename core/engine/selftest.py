@@ -25,13 +25,14 @@ DECODE_TOKENS = 8
 CONTEXT_TOKENS = 512
 
 
-def run(model_path: str, threads: int) -> dict[str, object]:
+def run(model_path: str, threads: int, gpu_layers: int = 0) -> dict[str, object]:
     from llama_cpp import Llama, llama_print_system_info
 
     started = time.perf_counter()
     llama = Llama(
         model_path=model_path,
         n_ctx=CONTEXT_TOKENS,
+        n_gpu_layers=gpu_layers,
         n_threads=threads,
         n_threads_batch=threads,
         flash_attn=True,
@@ -66,9 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Prove this llama.cpp build on one model.")
     parser.add_argument("--model", required=True, help="a small GGUF to load")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--gpu-layers", type=int, default=0, help="layers to offload (-1: all; a CPU build: none)"
+    )
     args = parser.parse_args(argv)
     faulthandler.enable()
-    result = run(args.model, max(1, args.threads))
+    result = run(args.model, max(1, args.threads), args.gpu_layers)
     print(json.dumps(result), flush=True)
     return 0
 

@@ -34,8 +34,9 @@ from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecodi
 
 from hearthside.core.engine import native_log
 from hearthside.core.engine.config import EngineConfig, SpeculativeConfig
-from hearthside.core.engine.grammar_sampling import LlamaSamplerWithGrammarLast
+from hearthside.core.engine.grammar_sampling import LlamaSamplerWithGrammarLast, shortlist_need
 from hearthside.core.engine.metrics import SpeculationStats
+from hearthside.core.engine.template_free_llama import TemplateFreeLlama
 from hearthside.core.engine.tensor_overrides import LlamaWithOverrides
 from hearthside.core.errors import EngineError, EngineLoadError
 
@@ -268,7 +269,7 @@ def load_draft_llama(speculative: SpeculativeConfig, target: EngineConfig) -> ll
     native_log.install()
     native_log.forget()
     try:
-        return llama_cpp.Llama(**kwargs, verbose=False)
+        return TemplateFreeLlama(**kwargs, verbose=False)
     except (ValueError, RuntimeError) as exc:
         reason = native_log.last_failure_line()
         raise EngineLoadError(
@@ -278,7 +279,7 @@ def load_draft_llama(speculative: SpeculativeConfig, target: EngineConfig) -> ll
         ) from exc
 
 
-class SpeculativeLlama(llama_cpp.Llama):
+class SpeculativeLlama(TemplateFreeLlama):
     """A `Llama` that computes logits only where `generate` will sample.
 
     Without a draft that is the last position of each evaluation (llama-cpp-python's own
@@ -305,7 +306,16 @@ class SpeculativeLlama(llama_cpp.Llama):
         if not native:
             chain.close()
             raise ValueError("llama.cpp refused the grammar")
-        return LlamaSamplerWithGrammarLast(chain, native, self.n_vocab())
+        need = None
+        if not kwargs.get("mirostat_mode"):
+            need = shortlist_need(
+                kwargs.get("temp", 0.8),
+                kwargs.get("top_k", 40),
+                kwargs.get("repeat_penalty", 1.0),
+                kwargs.get("frequency_penalty", 0.0),
+                kwargs.get("presence_penalty", 0.0),
+            )
+        return LlamaSamplerWithGrammarLast(chain, native, self.n_vocab(), need=need)
 
     def eval(self, tokens: Any) -> None:
         wanted = 1 if self.draft is None else self.draft.draft_tokens + 1

@@ -36,7 +36,7 @@ MAX_INT_BITS = 1 << 16
 _SIZE_OF_SCALAR = 24
 _SIZE_OF_OPAQUE_OBJECT = 64
 _DEADLINE_CHECK_EVERY = 4096
-_HINT = (
+FAULTY_TEMPLATE_HINT = (
     "The model file's chat template is faulty or hostile. Use another copy of this model "
     "(for example from its original publisher), or tell whoever published this file."
 )
@@ -44,6 +44,17 @@ _HINT = (
 
 class TemplateTimeout(Exception):
     """The render's deadline passed; raised inside template code and bounded helpers."""
+
+
+class TemplateLimitError(TemplateError):
+    """A template went past a bound Hearthside sets on every template (time, size, work,
+    memory, nesting, the sandbox), as opposed to refusing a conversation or failing on it.
+    `models add` refuses a file whose template does so on an ordinary conversation."""
+
+
+class TemplateOutOfMemoryError(TemplateLimitError):
+    """A template's compile or render ran out of memory (in the `models add` check, out of
+    the memory it is allowed there)."""
 
 
 @dataclass
@@ -89,11 +100,13 @@ def too_long(kind: str, max_chars: int) -> TemplateError:
             f"The chat template tried to build a string longer than the "
             f"{describe_chars(max_chars)} limit."
         )
-    return TemplateError(message, hint=_HINT)
+    return TemplateLimitError(message, hint=FAULTY_TEMPLATE_HINT)
 
 
 def too_big_a_number() -> TemplateError:
-    return TemplateError("The chat template computed an oversized number.", hint=_HINT)
+    return TemplateLimitError(
+        "The chat template computed an oversized number.", hint=FAULTY_TEMPLATE_HINT
+    )
 
 
 class SizeGuard:
@@ -121,11 +134,11 @@ class SizeGuard:
         if budget is not None:
             budget.work_left -= size
             if budget.work_left < 0:
-                raise TemplateError(
+                raise TemplateLimitError(
                     "The chat template built more than "
                     f"{describe_chars(budget.work_limit)} of text while rendering one prompt; "
                     "it was stopped.",
-                    hint=_HINT,
+                    hint=FAULTY_TEMPLATE_HINT,
                 )
         return result
 
@@ -231,7 +244,9 @@ def _check_multiplication(guard: SizeGuard, left: Any, right: Any) -> None:
 
 def _check_power(left: Any, right: Any) -> None:
     if _is_number(left) and _is_number(right) and abs(right) > 64:
-        raise TemplateError("The chat template computed an oversized power.", hint=_HINT)
+        raise TemplateLimitError(
+            "The chat template computed an oversized power.", hint=FAULTY_TEMPLATE_HINT
+        )
     if _is_int(left) and _is_int(right) and left.bit_length() * max(right, 0) > MAX_INT_BITS:
         raise too_big_a_number()
 

@@ -30,11 +30,20 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from markupsafe import Markup
 
 from hearthside.core.engine import template_limits as limits
-from hearthside.core.engine.template_limits import SizeGuard, TemplateTimeout
+from hearthside.core.engine.template_limits import (
+    SizeGuard,
+    TemplateLimitError,
+    TemplateOutOfMemoryError,
+    TemplateTimeout,
+)
 from hearthside.core.errors import TemplateError
 
 RENDER_TIME_LIMIT_S = 1.0
 RENDER_MAX_CHARS = 4 * 1024 * 1024
+# Compiling costs about 2.5 KB of memory per character of a dense template (`{{a(b,c)|d}}`
+# repeated: 320 MB for 128 KiB) and seconds; real templates are a few thousand characters,
+# the longest (a default system prompt built in) a few tens of thousands.
+MAX_TEMPLATE_CHARS = 128 * 1024
 # A GGUF without a chat template is almost always a base (pretrained) model, such as the
 # default Gemma 3 270M: it has never seen chat turns but continues a Q&A transcript well.
 TRANSCRIPT_TEMPLATE = (
@@ -45,6 +54,10 @@ TRANSCRIPT_TEMPLATE = (
     "{% endfor %}"
 )
 TRANSCRIPT_STOPS = ("\nQuestion:",)
+_TOO_SLOW_HINT = (
+    "A shorter conversation may fit. If a short one does not, the model file's chat template "
+    "is faulty: use another copy of this model (for example from its original publisher)."
+)
 # Jinja compiles templates made with from_string under this file name.
 _TEMPLATE_FILENAME = "<template>"
 # Pure-Python code that filters and `str.format` loop in: the deadline is checked on each of
@@ -57,9 +70,14 @@ _WATCHED_FILES = frozenset(
 
 
 class _CappedCodeGenerator(CodeGenerator):
-    """Jinja's code generator, except that `a ~ b` checks the size of what it joins first.
+    """Jinja's code generator, except that `a ~ b` checks the size of what it joins first,
+    and that no expression of the template is evaluated while it is compiled.
 
-    The same as Jinja 3.1's `visit_Concat` (without constant folding) plus the check.
+    Jinja folds constant expressions at compile time (`{{ 'a'|center(4000000) }}` becomes a
+    4-million-character literal in the generated code), outside any render's deadline and
+    work budget: 300 such outputs took a compile past 2 GB (issue 36). With the optimizer off
+    (`optimized=False`), outputs and `{% autoescape %}` values are the two places left where
+    the code generator evaluates an expression; both wait for the render here.
     """
 
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
@@ -75,6 +93,19 @@ class _CappedCodeGenerator(CodeGenerator):
             self.write(", ")
         self.write("))))")
 
+    def _output_child_to_const(
+        self, node: nodes.Expr, frame: Frame, finalize: CodeGenerator._FinalizeInfo
+    ) -> str:
+        if not isinstance(node, nodes.TemplateData):  # the template's own text is safe as is
+            raise nodes.Impossible()
+        return super()._output_child_to_const(node, frame, finalize)
+
+    def visit_EvalContextModifier(self, node: nodes.EvalContextModifier, frame: Frame) -> None:
+        for keyword in node.options:
+            self.writeline(f"context.eval_ctx.{keyword.key} = ")
+            self.visit(keyword.value, frame)
+        frame.eval_ctx.volatile = True  # known only when rendering, like any non-constant
+
 
 class _CappedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox, with every operation that can grow a value bounded inside the
@@ -85,7 +116,7 @@ class _CappedSandbox(ImmutableSandboxedEnvironment):
 
     def __init__(self, max_chars: int, **options: Any) -> None:
         self.guard = SizeGuard(max_chars)
-        super().__init__(finalize=self._checked_output, **options)
+        super().__init__(finalize=self._checked_output, optimized=False, **options)
         for name, original in list(self.filters.items()):
             self.filters[name] = limits.bounded_filter(name, original, self.guard)
         self.filters["join"] = limits.bounded_join(self.guard)
@@ -171,6 +202,12 @@ class ChatTemplate:
         self.eos_token = eos_token
         self.time_limit_s = time_limit_s
         self.max_chars = max_chars
+        if len(self.source) > MAX_TEMPLATE_CHARS:
+            raise TemplateLimitError(
+                f"The model's chat template is {len(self.source):,} characters long; "
+                f"Hearthside reads templates of up to {MAX_TEMPLATE_CHARS:,}.",
+                hint=limits.FAULTY_TEMPLATE_HINT,
+            )
         env = _CappedSandbox(
             max_chars,
             trim_blocks=True,
@@ -183,6 +220,16 @@ class ChatTemplate:
             self._template = env.from_string(self.source)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"The model's chat template is not valid Jinja: {exc}") from exc
+        except RecursionError as exc:  # nesting deeper than Python's stack
+            raise TemplateLimitError(
+                "The model's chat template is nested too deeply to compile.",
+                hint=limits.FAULTY_TEMPLATE_HINT,
+            ) from exc
+        except MemoryError as exc:
+            raise TemplateOutOfMemoryError(
+                "The model's chat template ran out of memory while it was compiled.",
+                hint=limits.FAULTY_TEMPLATE_HINT,
+            ) from exc
 
     def render(
         self,
@@ -202,17 +249,10 @@ class ChatTemplate:
         try:
             with _deadline_trace(deadline):
                 return self._render_capped(variables)
-        except TemplateTimeout as exc:
-            raise TemplateError(
-                f"The model's chat template ran longer than {self.time_limit_s:g} s; "
-                "it was stopped."
-            ) from exc
         except TemplateError:
             raise
-        except jinja2.exceptions.SecurityError as exc:
-            raise TemplateError("The model's chat template tried something unsafe.") from exc
         except Exception as exc:  # a template can fail in any way Python code can
-            raise TemplateError(f"The model's chat template failed: {exc}") from exc
+            raise _render_failure(exc, self.time_limit_s) from exc
         finally:
             limits.end_render(budget)
 
@@ -222,9 +262,67 @@ class ChatTemplate:
         for piece in self._template.generate(variables):
             size += len(piece)
             if size > self.max_chars:
-                raise TemplateError("The model's chat template produced an oversized prompt.")
+                raise TemplateLimitError(
+                    "The model's chat template produced a prompt longer than the "
+                    f"{limits.describe_chars(self.max_chars)} limit.",
+                    hint=_TOO_SLOW_HINT,
+                )
             pieces.append(piece)
         return "".join(pieces)
+
+
+# What `models add` renders with a new file's template, within the template's bounds: one
+# turn, and an exchange with a system prompt (a template may refuse that one; see below).
+CHECK_CONVERSATIONS: tuple[tuple[dict[str, str], ...], ...] = (
+    ({"role": "user", "content": "Hello"},),
+    (
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Name a colour."},
+    ),
+)
+
+
+def check_chat_template(template: ChatTemplate) -> None:
+    """Raise TemplateLimitError if an ordinary conversation takes `template` past a bound.
+
+    A template that refuses a conversation (some allow no system prompt) or fails on it is
+    not refused here: that is the model's format, and the chat says so when it happens.
+    """
+    for conversation in CHECK_CONVERSATIONS:
+        try:
+            template.render(conversation)
+        except TemplateLimitError:
+            raise
+        except TemplateError:
+            continue
+
+
+def _render_failure(exc: Exception, time_limit_s: float) -> TemplateError:
+    """What a render that raised `exc` tells the user."""
+    if isinstance(exc, TemplateTimeout) and isinstance(exc.__context__, MemoryError):
+        exc = exc.__context__  # the deadline passed while the MemoryError was on its way out
+    if isinstance(exc, TemplateTimeout):
+        return TemplateLimitError(
+            f"The model's chat template ran longer than {time_limit_s:g} s; it was stopped.",
+            hint=_TOO_SLOW_HINT,
+        )
+    if isinstance(exc, MemoryError):
+        return TemplateOutOfMemoryError(
+            "The model's chat template ran out of memory; it was stopped.",
+            hint=limits.FAULTY_TEMPLATE_HINT,
+        )
+    if isinstance(exc, RecursionError):
+        return TemplateLimitError(
+            "The model's chat template recursed too deeply; it was stopped.",
+            hint=limits.FAULTY_TEMPLATE_HINT,
+        )
+    if isinstance(exc, jinja2.exceptions.SecurityError):
+        return TemplateLimitError(
+            "The model's chat template tried something unsafe.", hint=limits.FAULTY_TEMPLATE_HINT
+        )
+    return TemplateError(f"The model's chat template failed: {exc}")
 
 
 class _deadline_trace:
@@ -253,7 +351,10 @@ class _deadline_trace:
         return None
 
     def _on_line(self, frame: FrameType, event: str, arg: Any) -> Any:
-        self._check()
+        # Not on "exception" or "return": raised there, the timeout would replace an error on
+        # its way out (a MemoryError became "ran longer than 1 s") and end all tracing.
+        if event == "line":
+            self._check()
         return self._on_line
 
     def _check(self) -> None:

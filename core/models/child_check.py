@@ -8,9 +8,17 @@ frozen app (SECURITY.md). The child's stderr, where llama.cpp logs, is captured 
 reads what llama.cpp objected to; a child past its deadline is killed with its whole process
 group, so nothing is left running.
 
+The child then compiles the file's chat template as every load will (Hearthside's capped
+sandbox; llama-cpp-python compiles none, `template_free_llama.py`) and renders an ordinary
+conversation with it, its address space allowed to grow by at most TEMPLATE_MEMORY_CAP_BYTES:
+a template that builds gigabytes costs the check its cap, not the machine its memory, and the
+file is not added (issue 36).
+
 Run as `python -m hearthside.core.models.child_check PATH`: exits 0 when llama.cpp loads the
-file and decodes a token, EXIT_LOAD_REFUSED when it refuses the file, EXIT_DECODE_FAILED when
-it loads but cannot decode, EXIT_ENGINE_MISSING when llama-cpp-python cannot be imported.
+file and decodes a token and its template stays within its bounds, EXIT_LOAD_REFUSED when
+llama.cpp refuses the file, EXIT_DECODE_FAILED when it loads but cannot decode,
+EXIT_TEMPLATE_REFUSED when its chat template does not compile or passes a bound,
+EXIT_ENGINE_MISSING when llama-cpp-python cannot be imported.
 """
 
 from __future__ import annotations
@@ -24,14 +32,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
 
-from hearthside.core.errors import EngineError, ModelFileError
+from hearthside.core.errors import EngineError, ModelFileError, TemplateError
+from hearthside.core.units import MIB, format_bytes
 
 CHILD_MODULE = "hearthside.core.models.child_check"
 # Starting Python and llama.cpp takes a second or two; the rest is time to page in the
@@ -46,6 +55,11 @@ EXIT_USAGE = 2
 EXIT_LOAD_REFUSED = 3
 EXIT_ENGINE_MISSING = 4
 EXIT_DECODE_FAILED = 5
+EXIT_TEMPLATE_REFUSED = 6
+
+# What compiling a new file's chat template and rendering two ordinary conversations with it
+# may add to the check's address space (Linux; RLIMIT_AS). Real templates need a few MiB.
+TEMPLATE_MEMORY_CAP_BYTES = 256 * MIB
 
 # The child prefixes its own one-line explanations with this, so the parent can find them
 # among llama.cpp's log lines.
@@ -183,6 +197,8 @@ def _failure_error(returncode: int, log_tail: str) -> ModelFileError | EngineErr
             hint="Close other programs or allow Hearthside more memory, then try again. The "
             "file was not found to be damaged.",
         )
+    if returncode == EXIT_TEMPLATE_REFUSED:
+        return _template_refused(log_tail)
     reason = reason_from_log(log_tail)
     if returncode < 0 or _is_abort(returncode, log_tail):
         detail = reason or f"llama.cpp {describe_exit(returncode)} while loading it"
@@ -191,6 +207,16 @@ def _failure_error(returncode: int, log_tail: str) -> ModelFileError | EngineErr
     detail = f"{what}: {reason}" if reason else what
     return ModelFileError(
         f"llama.cpp could not load this model file ({detail}).", hint=_NOT_ADDED_HINT
+    )
+
+
+def _template_refused(log_tail: str) -> ModelFileError:
+    # Only the child's own line: llama.cpp's log of a load that went well says nothing here.
+    reason = _find_marker(_log_lines(log_tail)) or "It gave no reason"
+    return ModelFileError(
+        f"Hearthside did not add this model: its chat template failed the check. {_shown(reason)}.",
+        hint="Use another copy of this model (for example from its original publisher), "
+        "or tell whoever published this file.",
     )
 
 
@@ -226,12 +252,16 @@ _EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]{0,127}(?:Error|Exception)): (.+)$
 
 def reason_from_log(log_tail: str) -> str | None:
     """The line of llama.cpp's (or the child's) log that says why the load failed, if any."""
-    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    lines = _log_lines(log_tail)
     for finder in (_find_assert, _find_load_error, _find_abort, _find_marker, _find_exception):
         found = finder(lines)
         if found:
             return _shown(found)
     return None
+
+
+def _log_lines(log_tail: str) -> list[str]:
+    return [line.strip() for line in log_tail.splitlines() if line.strip()]
 
 
 def _find_assert(lines: list[str]) -> str | None:
@@ -291,12 +321,15 @@ def _shown(text: str) -> str:
 
 def _load_and_decode(model_path: str) -> int:
     try:
-        import llama_cpp
-    except Exception:  # any import failure means the engine, not the file, is broken
+        from hearthside.core.engine.template_free_llama import (
+            TemplateFreeLlama,
+            special_token_texts,
+        )
+    except Exception:  # it imports llama_cpp: a failure means the engine, not the file, is broken
         return EXIT_ENGINE_MISSING
     try:
         # verbose: llama.cpp's log goes to stderr, which the parent keeps for its message.
-        model = llama_cpp.Llama(
+        model = TemplateFreeLlama(
             model_path=model_path,
             n_ctx=CHECK_CONTEXT_TOKENS,
             n_batch=CHECK_CONTEXT_TOKENS,
@@ -309,12 +342,69 @@ def _load_and_decode(model_path: str) -> int:
         return EXIT_LOAD_REFUSED
     try:
         model.eval(_first_tokens(model))
+        bos, eos = special_token_texts(model)
     except Exception as exc:
         _explain(exc)
         return EXIT_DECODE_FAILED
     finally:
         model.close()
+    return _check_chat_template(model_path, bos, eos)
+
+
+def _check_chat_template(model_path: str, bos: str, eos: str) -> int:
+    """Compile the file's template and render ordinary conversations with it, as a chat
+    would, with at most TEMPLATE_MEMORY_CAP_BYTES more address space."""
+    from hearthside.core.engine.template_limits import TemplateOutOfMemoryError
+    from hearthside.core.engine.templates import ChatTemplate, check_chat_template
+    from hearthside.core.models.gguf_validator import validate_gguf
+
+    source = validate_gguf(Path(model_path)).chat_template
+    cap = format_bytes(TEMPLATE_MEMORY_CAP_BYTES)
+    try:
+        with address_space_cap(TEMPLATE_MEMORY_CAP_BYTES):
+            check_chat_template(ChatTemplate(source, bos_token=bos, eos_token=eos))
+    except (TemplateError, MemoryError) as exc:
+        if isinstance(exc, MemoryError | TemplateOutOfMemoryError):
+            reason = f"The chat template needed more than the {cap} of memory allowed to it"
+        else:
+            reason = str(exc).rstrip(".")
+        sys.stderr.write(f"\n{REASON_MARKER} {reason}\n")
+        sys.stderr.flush()
+        return EXIT_TEMPLATE_REFUSED
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def address_space_cap(extra_bytes: int) -> Iterator[None]:
+    """Inside the block, allocations that would grow this process's address space by more
+    than `extra_bytes` fail (MemoryError) instead of taking the machine's memory; the limit is
+    put back afterwards. Linux only: elsewhere the block runs without a cap."""
+    used = _address_space_bytes()
+    if used is None:
+        yield
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    capped = used + extra_bytes
+    for limit in (soft, hard):
+        if limit != resource.RLIM_INFINITY:
+            capped = min(capped, limit)
+    resource.setrlimit(resource.RLIMIT_AS, (capped, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _address_space_bytes() -> int | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def _first_tokens(model: Llama) -> list[int]:
