@@ -23,6 +23,8 @@ from hearthside.autotune.backoff import LIMIT_CUSHION_SHARE, free_margin
 from hearthside.autotune.load_settings import choose_load_settings
 from hearthside.autotune.memory import CPU
 from hearthside.autotune.planner import DEFAULT_FREE_MARGIN_BYTES, Candidate, evaluate_config
+from hearthside.autotune.speed_limit import SpeedLimit
+from hearthside.autotune.speed_meter import SpeedMeter, limit_for_config
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.errors import HearthsideError
@@ -127,9 +129,36 @@ def headroom_bytes(memory: MemoryInfo) -> int:
     return min(DEFAULT_FREE_MARGIN_BYTES, usable // LIMIT_CUSHION_SHARE)
 
 
-def on_demand_models(root: Path, knobs: LoadKnobs) -> OnDemandModels:
+def probed_once(root: Path) -> Callable[[], HardwareProfile]:
+    """This machine's profile, probed in a child the first time it is asked for (seconds)."""
+    lock = threading.Lock()
+    found: list[HardwareProfile] = []
+
+    def profile() -> HardwareProfile:
+        with lock:
+            if not found:
+                found.append(probe_in_subprocess(models_dir(root)))
+            return found[0]
+
+    return profile
+
+
+def speed_meters(hardware: Callable[[], HardwareProfile]) -> Callable[[], SpeedMeter]:
+    """/metrics' speed-of-light gauges: a `SpeedMeter` per loaded model whose limit comes
+    from this machine's calibration in the wisdom DB (as the chat footer's and bench's do)."""
+
+    def find_limit(config: EngineConfig) -> SpeedLimit | None:
+        with WisdomDB() as wisdom:
+            return limit_for_config(config, hardware(), wisdom)
+
+    return lambda: SpeedMeter(find_limit)
+
+
+def on_demand_models(
+    root: Path, knobs: LoadKnobs, hardware: Callable[[], HardwareProfile] | None = None
+) -> OnDemandModels:
     """Every model installed under `root` (the data dir), planned for this machine."""
-    hardware = partial(probe_in_subprocess, models_dir(root))
+    hardware = hardware or partial(probe_in_subprocess, models_dir(root))
     return OnDemandModels(
         installed=partial(installed_in_store, root),
         loader=PlannedModelLoader(knobs, hardware),

@@ -19,8 +19,8 @@ from hearthside.app.terminal_chat import (
     status,
 )
 from hearthside.app.terminal_history import LATEST, Resume
-from hearthside.autotune.speed_limit import MachineLoad, speed_of_light
-from hearthside.autotune.speed_meter import LoadSampler, limit_for_config
+from hearthside.autotune.speed_limit import MachineLoad
+from hearthside.autotune.speed_meter import LoadSampler, bench_reading, limit_for_config
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.bench import BenchReport, run_bench
 from hearthside.core.engine.config import EngineConfig
@@ -165,10 +165,7 @@ def bench_speed_of_light(
         limit = limit_for_config(as_run, profile, wisdom)
     if limit is None:
         return None
-    # tgN decodes from an empty context: its tokens see N/2 tokens of KV cache on average
-    speed = speed_of_light(
-        decode.median_tok_s, limit, context_tokens=decode.n_tokens // 2, load=load
-    )
+    speed = bench_reading(limit, decode.median_tok_s, decode.n_tokens, load)
     return {"test": decode.test, **speed.to_dict(), "limit": limit.to_dict()}
 
 

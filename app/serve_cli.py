@@ -7,6 +7,10 @@ and the same queue as for a local model, the remote's model behind it.
 own `--ctx` tokens of KV cache); without it the planner chooses (up to 4 where memory allows,
 autotune/planner.py). A number that does not fit is backed off, and the loading line says so.
 
+`--idle-unload-s N` (or `idle_unload_s` in the settings file) unloads a model no request has
+used for N seconds, the served one included, so its engine worker ends and its memory
+returns; the next request for it waits while it loads again (core/server/model_pool.py).
+
 Ctrl-C or SIGTERM stops it within seconds whatever a load is doing: requests waiting for a
 model are answered, every engine worker is killed on the way out, and if a clean stop takes
 longer than STOP_GRACE_S (or the signal comes twice) the workers are killed and the process
@@ -26,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from hearthside.app.api_models import LoadKnobs, on_demand_models
+from hearthside.app.api_models import LoadKnobs, on_demand_models, probed_once, speed_meters
 from hearthside.app.cli_support import add_thread_options, parallel_requests
 from hearthside.app.terminal_chat import config_for, start_loading, status
 from hearthside.autotune.load_settings import LoadSettings
@@ -43,7 +47,7 @@ from hearthside.core.server.keys import (
     load_or_create_api_key,
     load_or_create_user_key_file,
 )
-from hearthside.core.server.model_pool import DEFAULT_MAX_LOADED
+from hearthside.core.server.model_pool import DEFAULT_MAX_LOADED, PoolEvent
 from hearthside.core.settings import Settings
 
 DEFAULT_PORT = 8765
@@ -82,6 +86,15 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="installed models a request may load by name and keep loaded beside the served "
         f"one; the least recently used is unloaded first (default {DEFAULT_MAX_LOADED})",
+    )
+    serve.add_argument(
+        "--idle-unload-s",
+        type=_idle_seconds,
+        default=settings.idle_unload_s,
+        metavar="SECONDS",
+        help="unload a model no request has used for this long, this one included, so its "
+        "memory returns; the next request loads it again (0: never; default: "
+        f"{_idle_text(settings.idle_unload_s)})",
     )
     serve.add_argument(
         "--api-key-file", type=Path, help="file holding the key (default: one per install)"
@@ -137,6 +150,8 @@ def _serve(
         cors_origins=tuple(args.cors_origin),
         model_id=served_model_id(loaded),
         max_on_demand_models=args.max_models,
+        idle_unload_s=args.idle_unload_s,
+        unload_served_when_idle=True,
     )
     _announce(args, settings, loaded)
     knobs = LoadKnobs(
@@ -145,8 +160,14 @@ def _serve(
         n_threads_batch=args.batch_threads,
         n_parallel=args.parallel,
     )  # for models named by requests
+    hardware = probed_once(data_dir())
     serve_foreground(
-        settings, service, on_demand_models(data_dir(), knobs), on_signal=stopper.signalled
+        settings,
+        service,
+        on_demand_models(data_dir(), knobs, hardware),
+        on_signal=stopper.signalled,
+        on_pool_event=say_pool_event,
+        meters=speed_meters(hardware),
     )
 
 
@@ -157,6 +178,8 @@ def _announce(
     status(f"Serving {settings.model_id} at http://{host}:{args.port}/v1")
     if isinstance(loaded, EngineConfig):
         status(slots_note(loaded))
+    if settings.idle_unload_s is not None and isinstance(loaded, EngineConfig):
+        status(idle_unload_note(settings.idle_unload_s))
     if settings.api_key:
         status(f"API key: {settings.api_key}")
     if not is_loopback_host(args.host):
@@ -218,6 +241,36 @@ def _at_least_one(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"give a whole number of at least 1, not {text!r}")
     return value
+
+
+def _idle_seconds(text: str) -> int | None:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"give a whole number of seconds (0: never), not {text!r}")
+    return value or None
+
+
+def _idle_text(seconds: int | None) -> str:
+    return "never" if seconds is None else f"{seconds} s"
+
+
+def idle_unload_note(seconds: float) -> str:
+    """What `serve` says about idle unloading when it starts."""
+    return (
+        f"A model nobody uses for {seconds:g} s is unloaded to free its memory; the next "
+        "request waits while it loads again."
+    )
+
+
+def say_pool_event(event: PoolEvent) -> None:
+    """A model unloaded or loading again, in the terminal (on the pool's threads)."""
+    if event.kind == "unloaded":
+        status(f"Unloaded {event.model_id} ({event.reason}); its memory is free again.")
+    elif event.kind == "loading":
+        status(f"Loading {event.model_id} for a request…")
 
 
 def _api_key(key_file: Path | None) -> str:

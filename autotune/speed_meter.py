@@ -6,6 +6,11 @@ the loaded model's limit and the last reply's share for whoever shows it.
 working out its limit on a thread of its own (reading the model's tensors takes a moment;
 the engine thread does not wait for it), and each generation's metrics become the meter's
 `last` SpeedOfLight — what the API's `/metrics` and the window read.
+
+`reading_of` is the one computation behind every figure shown: the chat footer and `/metrics`
+(through `SpeedMeter.measure`), `hearthside bench` (`bench_reading`) and the wizard's result
+(`tuned_reading`). A decode of N tokens after P tokens of prompt is compared with the limit at
+P + N/2 tokens of context, the average its tokens saw.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -34,10 +39,14 @@ from hearthside.autotune.speed_limit import (
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.metrics import GenerationMetrics
+from hearthside.core.engine.remote import RemoteConfig
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import spec_from_gguf_info
 from hearthside.core.probe.profile import HardwareProfile
+
+if TYPE_CHECKING:
+    from hearthside.autotune.tuner import TuneResult
 
 log = logging.getLogger(__name__)
 LimitFinder = Callable[[EngineConfig], SpeedLimit | None]
@@ -64,21 +73,61 @@ def limit_for_config(
     )
 
 
+def reading_of(
+    limit: SpeedLimit,
+    decode_tok_s: float,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    load: MachineLoad | None = None,
+) -> SpeedOfLight:
+    """`decode_tok_s`, measured over `completion_tokens` decoded after `prompt_tokens`, against
+    `limit`: the share every view shows (footer, bench, /metrics, wizard)."""
+    context = prompt_tokens + completion_tokens // 2
+    return speed_of_light(decode_tok_s, limit, context_tokens=context, load=load)
+
+
+def bench_reading(
+    limit: SpeedLimit, tg_tok_s: float, n_gen: int, load: MachineLoad | None = None
+) -> SpeedOfLight:
+    """A tgN measurement (llama-bench's: N tokens from an empty context) against `limit`."""
+    return reading_of(limit, tg_tok_s, prompt_tokens=0, completion_tokens=n_gen, load=load)
+
+
 def speed_of_light_for(
     config: EngineConfig,
     measured_tps: float,
     profile: HardwareProfile,
     wisdom: WisdomDB,
     *,
-    context_tokens: int = 0,
+    n_gen: int,
     load: MachineLoad | None = None,
 ) -> SpeedOfLight | None:
-    """One measured decode speed of `config` (a tuner's run, the wizard's pick) against this
+    """One tgN decode speed of `config` (a tuner's run, the wizard's pick) against this
     machine's limit; None when no limit is known. Reads the model file: not on a GUI thread."""
     limit = limit_for_config(config, profile, wisdom)
     if limit is None:
         return None
-    return speed_of_light(measured_tps, limit, context_tokens=context_tokens, load=load)
+    return bench_reading(limit, measured_tps, n_gen, load)
+
+
+def tuned_reading(
+    result: TuneResult, profile: HardwareProfile, wisdom: WisdomDB
+) -> SpeedOfLight | None:
+    """The wizard's pick (`result.best`, measured by the tuner as a tgN bench) against this
+    machine's limit for its file and settings; None without a pick or a limit."""
+    from hearthside.autotune.tuner import QUICK, THOROUGH
+
+    best = result.best
+    if best is None or not best.decode_tps:
+        return None
+    variant = result.chosen_variant
+    path = variant.path if variant is not None else result.model_path
+    if not path:
+        return None
+    config = EngineConfig.from_dict({**best.config, "model_path": path})
+    n_gen = (THOROUGH if best.rigor == "thorough" else QUICK).n_gen
+    return speed_of_light_for(config, best.decode_tps, profile, wisdom, n_gen=n_gen)
 
 
 @dataclass(frozen=True)
@@ -139,11 +188,6 @@ def _usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def context_of(metrics: GenerationMetrics) -> int:
-    """The context its decoded tokens saw on average: the prompt and half the reply."""
-    return metrics.prompt_tokens + metrics.completion_tokens // 2
-
-
 class SpeedMeter:
     """The loaded model's limit and the last generation's share of it; thread-safe."""
 
@@ -188,10 +232,11 @@ class SpeedMeter:
         limit = self._limit
         if limit is None or not metrics.decode_tok_s:
             return None
-        result = speed_of_light(
-            metrics.decode_tok_s,
+        result = reading_of(
             limit,
-            context_tokens=context_of(metrics),
+            metrics.decode_tok_s,
+            prompt_tokens=metrics.prompt_tokens,
+            completion_tokens=metrics.completion_tokens,
             load=self._sampler.sample(),
         )
         self._last = result
@@ -201,6 +246,9 @@ class SpeedMeter:
         """An `EngineService` result listener: a loaded config, or a generation's result."""
         if isinstance(result, EngineConfig):
             self._start_finding(result)
+            return
+        if isinstance(result, RemoteConfig):  # another machine's speed: no limit here
+            self.set_limit(None)
             return
         metrics = getattr(result, "metrics", None)
         if isinstance(metrics, GenerationMetrics):

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 ENV_PREFIX = "HEARTHSIDE_"
 SETTINGS_FILE_NAME = "settings.json"
 # What the window may write; everything else in the schema stays with flags and the env.
-FILE_FIELDS = ("context_size", "threads", "hub_endpoint", "hub_token")
+FILE_FIELDS = ("context_size", "threads", "hub_endpoint", "hub_token", "idle_unload_s")
 
 
 class SettingsFileError(HearthsideError):
@@ -86,6 +86,13 @@ class Settings(BaseSettings):
         "context); default: the planner's choice, up to 4 where memory allows.",
     )
     temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="Sampling temperature.")
+    idle_unload_s: int | None = Field(
+        default=None,
+        ge=1,
+        description="Unload a model the API has had no request for in this many seconds, so "
+        "its memory returns; the next request loads it again. `serve` unloads its own model "
+        "too, the window only models the API loaded on request. None: never.",
+    )
     max_queue: int = Field(
         default=8, ge=1, le=256, description="Requests that may wait for the engine at once."
     )

@@ -134,21 +134,29 @@ def start_api(
 ) -> ServerController:
     """Build and start the server; returns once it accepts connections. `on_request` hears
     each finished request on the server's thread."""
+    from hearthside.app.api_models import LoadKnobs, on_demand_models, probed_once, speed_meters
     from hearthside.core.server.app import ServerSettings
     from hearthside.core.server.controller import ServerController
     from hearthside.core.server.keys import load_or_create_api_key
+    from hearthside.core.settings import Settings
 
+    user = Settings()
     settings = ServerSettings(
         port=port,
         api_key=load_or_create_api_key(data_dir() / KEY_FILE_NAME),
         model_id=served_model_id(service),
+        idle_unload_s=user.idle_unload_s,  # the window's own chat model is never unloaded
     )
-    from hearthside.app.api_models import LoadKnobs, on_demand_models
-    from hearthside.core.settings import Settings
-
-    knobs = LoadKnobs.from_settings(Settings())  # models requests name load as the window's do
-    on_demand = on_demand_models(data_dir(), knobs)
-    controller = ServerController(settings, service, on_demand=on_demand, on_request=on_request)
+    knobs = LoadKnobs.from_settings(user)  # models requests name load as the window's do
+    hardware = probed_once(data_dir())
+    on_demand = on_demand_models(data_dir(), knobs, hardware)
+    controller = ServerController(
+        settings,
+        service,
+        on_demand=on_demand,
+        on_request=on_request,
+        meters=speed_meters(hardware),
+    )
     controller.start()
     return controller
 
@@ -189,9 +197,12 @@ class RequestLogBridge(QObject):
 
 
 def log_row(entry: FinishedRequest) -> tuple[str, str, str, str]:
-    """One row of the log in words: time, route, status, tokens ("–" when not said)."""
+    """One row of the log in words: time, route, status (and the model loaded first, when
+    the request waited for one), tokens ("–" when not said)."""
     when = time.strftime("%H:%M:%S", time.localtime(entry.finished_at))
     status = str(entry.status) if entry.status is not None else "closed"
+    if entry.loaded_model is not None:
+        status += f", after loading {entry.loaded_model} ({entry.load_wait_s or 0:.1f} s)"
     tokens = str(entry.completion_tokens) if entry.completion_tokens is not None else "–"
     return when, f"{entry.method} {entry.path}", status, tokens
 

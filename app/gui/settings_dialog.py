@@ -5,8 +5,9 @@ apply to every model the window loads, to the Local API and to hub downloads. Wh
 kept:
 - parallel requests: window.ini (`engine/parallel`, 0 = Auto), read and written here so the
   dialog, the window and the tests agree on the key and on what a hand-edited value means;
-- context, threads, the hub's address and token: `<data dir>/settings.json` through
-  `core/settings.py` (`save_user_settings`), the file `hearthside chat`/`serve` read too;
+- context, threads, the hub's address and token, the Local API's idle unload:
+  `<data dir>/settings.json` through `core/settings.py` (`save_user_settings`), the file
+  `hearthside chat`/`serve` read too (the idle time is kept in seconds, shown in minutes);
 - the default model: the model store (`ModelStore.set_default`);
 - the Local API's port: `gui_api.json` (api_switch.py).
 The data folder is shown with a button that opens it; it cannot move while Hearthside runs.
@@ -63,6 +64,14 @@ TOKEN_TIP = (
     "An access token of your hub account, for private or gated models. It is kept in a "
     "file only you can read and sent only to the hub address above."
 )
+IDLE_UNLOAD_TIP = (
+    "A model the Local API loaded because a request named it, and that no request has used "
+    "for this long, is unloaded so its memory is free for other programs; the next request "
+    "for it waits while it loads again. The model you chat with here stays loaded. "
+    "Applies the next time the Local API is turned on."
+)
+NEVER_TEXT = "Never"
+MAX_IDLE_MINUTES = 24 * 60
 OUTSIDE_NOTE = "Set outside Hearthside for this run; your choice here applies once that is gone."
 MIN_CONTEXT, MAX_CONTEXT = 256, 262_144
 MAX_THREADS = 256
@@ -91,6 +100,15 @@ def threads_text(value: int | None) -> str:
     return "Auto (one per core)" if value is None else str(value)
 
 
+def idle_unload_text(seconds: int | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds % 60:
+        return f"after {seconds} s"
+    minutes = seconds // 60
+    return f"after {minutes} minute{'' if minutes == 1 else 's'}"
+
+
 @dataclass(frozen=True)
 class WindowSettings:
     """What the dialog edits; `changes` between two of them are what the window applies."""
@@ -102,6 +120,7 @@ class WindowSettings:
     hub_endpoint: str = DEFAULT_HUB
     hub_token: str = ""
     default_model_id: str | None = None
+    idle_unload_s: int | None = None  # the Local API's idle unload (None: never)
 
 
 SETTING_NAMES = {
@@ -112,6 +131,7 @@ SETTING_NAMES = {
     "hub_endpoint": "Hub address",
     "hub_token": "Hub access token",
     "default_model_id": "Default model",
+    "idle_unload_s": "Unload idle API models",
 }
 
 
@@ -129,6 +149,9 @@ def change_text(name: str, value: WindowSettings, model_names: dict[str, str]) -
         "hub_endpoint": lambda: value.hub_endpoint,
         "hub_token": lambda: "saved" if value.hub_token else "removed",
         "default_model_id": lambda: model_names.get(value.default_model_id or "", "none"),
+        "idle_unload_s": lambda: (
+            f"{idle_unload_text(value.idle_unload_s)} (from the next time the API is turned on)"
+        ),
     }
     return f"{SETTING_NAMES[name]}: {words[name]()}"
 
@@ -211,6 +234,12 @@ class SettingsDialog(QDialog):
         self.port_box.setRange(1024, 65535)
         self.port_box.setValue(current.api_port)
         self._row("Local API &port:", self.port_box, "The port the Local API listens on.")
+        self.idle_box = QSpinBox(self)
+        self.idle_box.setRange(0, MAX_IDLE_MINUTES)
+        self.idle_box.setSpecialValueText(NEVER_TEXT)
+        self.idle_box.setSuffix(" minutes")
+        self.idle_box.setValue(_minutes(current.idle_unload_s))
+        self._row("Unload &idle API models after:", self.idle_box, IDLE_UNLOAD_TIP)
 
     def _build_hub_rows(self) -> None:
         self.hub_edit = QLineEdit(self._current.hub_endpoint, self)
@@ -245,6 +274,7 @@ class SettingsDialog(QDialog):
             "hub_endpoint": self.hub_edit,
             "hub_token": self.token_edit,
             "parallel": self.parallel_box,
+            "idle_unload_s": self.idle_box,
         }
         field = fields.get(name)
         if field is not None:
@@ -269,7 +299,20 @@ class SettingsDialog(QDialog):
             hub_endpoint=self.hub_edit.text().strip() or DEFAULT_HUB,
             hub_token=self.token_edit.text().strip(),
             default_model_id=str(model_id) if model_id is not None else None,
+            idle_unload_s=self._idle_unload_s(),
         )
+
+    def _idle_unload_s(self) -> int | None:
+        """The box's minutes in seconds; a stored time the box rounds stays as it was
+        unless the box was changed."""
+        current = self._current.idle_unload_s
+        if self.idle_box.value() == _minutes(current):
+            return current
+        return self.idle_box.value() * 60 or None
+
+
+def _minutes(seconds: int | None) -> int:
+    return 0 if seconds is None else max(1, round(seconds / 60))
 
 
 # ---- reading and keeping the settings (the window calls these) -------------------------------
@@ -304,6 +347,7 @@ def gather_settings(
         hub_endpoint=settings.hub_endpoint,
         hub_token=token,
         default_model_id=default_id,
+        idle_unload_s=settings.idle_unload_s,
     )
     return current, models
 
@@ -318,6 +362,7 @@ def set_outside_fields() -> list[str]:
         "parallel": "parallel",
         "hub_endpoint": "hub_endpoint",
         "hub_token": "hub_token",
+        "idle_unload_s": "idle_unload_s",
     }
     return [name for name, field in schema_names.items() if set_outside(field)]
 
@@ -337,6 +382,7 @@ def keep_settings(before: WindowSettings, after: WindowSettings, root: Path) -> 
         "n_threads": ("threads", after.n_threads),
         "hub_endpoint": ("hub_endpoint", after.hub_endpoint),
         "hub_token": ("hub_token", after.hub_token or None),
+        "idle_unload_s": ("idle_unload_s", after.idle_unload_s),
     }
     wanted = dict(in_file[name] for name in changed if name in in_file)
     if wanted:

@@ -1,11 +1,14 @@
 """The "Optimize for my hardware" wizard: what was found, goal and model, measuring, result.
 
-    wizard = OptimizeWizard(service, hardware_page.profile, window, current_model_id=...)
+    wizard = OptimizeWizard(service, window.machine.context, window, current_model_id=...)
     wizard.applied.connect(lambda tuning: window.load_model(tuning.model_id))
+    wizard.measured.connect(window.machine.refresh)
     wizard.open()
 
-1. What was found: the probe's summary (a profile given, a callable that returns one, or a
-   probe in a child process) and whether this machine was calibrated, with an offer to do so.
+1. What was found: the machine's `MachineContext` (the window's, or read for a profile given,
+   one a callable returns, or a probe in a child process) and whether this machine was
+   calibrated, with an offer to do so. A calibration, and every tuning run, changes the
+   machine's figures: `measured` says so, Apply or not.
 2. Goal and model: the planner's four goals; the registered models plus catalog models the
    planner says fit here (those cannot be measured: they get a plan only); the time budget.
 3. Measuring: the tuner on the chosen model, live, with a chart of its candidates.
@@ -31,7 +34,6 @@ import html
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import (
@@ -75,33 +77,35 @@ from PySide6.QtWidgets import (
 from hearthside.app.gui.labels import make_label as _label
 from hearthside.app.gui.tune_chart import TuneChart, candidate_label
 from hearthside.app.gui.workers import MainThreadRelay, run_in_background
-from hearthside.autotune.calibration import describe_figures
+from hearthside.autotune.calibration_figures import describe_figures
 from hearthside.autotune.goals import KLD_BUDGET, QUALITY_FLOOR
+from hearthside.autotune.machine import MachineContext
 from hearthside.autotune.optimize import (
     CALIBRATION_BUDGET_S,
+    TUNING_CONTEXT,
     AppliedTuning,
     MeasureRequest,
     MeasureUpdate,
     ModelChoice,
     SettingRow,
-    Survey,
-    TuneRecording,
+    TuneResult,
     apply_tuning,
     audit_text,
+    llama_cpp_defaults,
+    machine_context,
     measure,
     measured_reasons,
     model_choices,
     plan_for_catalog,
     quality_row,
     quality_text,
-    recorded_run,
     settings_rows,
-    survey,
+    tuned_speed_of_light,
     variant_text,
     verdict,
 )
 from hearthside.autotune.planner import GOALS, Goal, Plan, Reason
-from hearthside.autotune.tuner import TUNING_CONTEXT, TuneResult, llama_cpp_defaults
+from hearthside.autotune.speed_limit import SpeedOfLight
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.service import EngineService, Job
 from hearthside.core.errors import (
@@ -115,7 +119,9 @@ from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
 from hearthside.core.units import format_bytes
 
-ProfileSource = HardwareProfile | Callable[[], HardwareProfile] | None
+# What the wizard tunes for: the window's MachineContext, a profile (its context is read), a
+# callable that returns one, or None (a probe in a child process).
+ProfileSource = MachineContext | HardwareProfile | Callable[[], HardwareProfile] | None
 PAGE_FOUND, PAGE_GOAL, PAGE_MEASURE, PAGE_RESULT = range(4)
 DEFAULT_GOAL: Goal = "balanced"
 GOAL_TEXT: dict[str, tuple[str, str]] = {
@@ -200,13 +206,28 @@ def applied_tuning(result: TuneResult, choice: ModelChoice) -> AppliedTuning:
 
 
 class TuneRunner(QObject):
-    """What both runners report on the GUI thread. Each (`ServiceTuneRunner`, the real one,
-    and `RecordedTuneRunner`, a replay) starts one measurement at a time with `start(request)`,
-    stops it with `cancel()`, and says whether one is `running` and has `started`."""
+    """What a runner reports on the GUI thread. Each (`ServiceTuneRunner`, the real one, and
+    the screenshots' replay, `screenshot_recording.RecordedTuneRunner`) starts one measurement
+    at a time with `start(request)`, stops it with `cancel()`, and says whether one is
+    `running` and has `started`."""
 
     update = Signal(object)  # MeasureUpdate
     finished = Signal(object)  # TuneResult, or None when nothing was tuned (stopped early)
     failed = Signal(object)  # BaseException
+
+    @property
+    def running(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def started(self) -> bool:
+        raise NotImplementedError
+
+    def start(self, request: MeasureRequest) -> None:
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        raise NotImplementedError
 
 
 class ServiceTuneRunner(TuneRunner):
@@ -281,61 +302,7 @@ def _poster(relay: MainThreadRelay) -> Callable[[Any], None]:
     return post
 
 
-class RecordedTuneRunner(TuneRunner):
-    """Replays a recording as if it ran now (for screenshots), `interval_ms` between updates."""
-
-    def __init__(
-        self, recording: TuneRecording, interval_ms: int = 0, parent: QObject | None = None
-    ) -> None:
-        super().__init__(parent)
-        self.recording = recording
-        self._pending: list[MeasureUpdate] = []
-        self._done = False
-        self._timer = QTimer(self)
-        self._timer.setInterval(interval_ms)
-        self._timer.timeout.connect(self._next)
-
-    @property
-    def running(self) -> bool:
-        return self._timer.isActive() or bool(self._pending)
-
-    @property
-    def started(self) -> bool:
-        return self.running  # a replay never waits in a queue
-
-    def start(self, request: MeasureRequest) -> None:
-        self._pending = list(self.recording.updates)
-        self._done = False
-        self._timer.start()
-
-    def cancel(self) -> None:
-        self._pending = []
-        self._timer.start()  # finish with the recorded result
-
-    def replay_now(self, limit: int | None = None) -> None:
-        """Deliver the updates at once (no event loop needed); with `limit`, only that many
-        and then hold, as if the run were still going."""
-        self._timer.stop()
-        count = len(self._pending) if limit is None else limit
-        for _ in range(min(count, len(self._pending))):
-            self.update.emit(self._pending.pop(0))
-        if limit is None:
-            self._finish()
-
-    def _next(self) -> None:
-        if self._pending:
-            self.update.emit(self._pending.pop(0))
-        else:
-            self._finish()
-
-    def _finish(self) -> None:
-        self._timer.stop()
-        if not self._done:
-            self._done = True
-            self.finished.emit(self.recording.result)
-
-
-Runner = ServiceTuneRunner | RecordedTuneRunner
+Runner = TuneRunner
 
 
 # ---- small widgets ---------------------------------------------------------------------------
@@ -449,7 +416,7 @@ class FoundPage(QWizardPage):
     def initializePage(self) -> None:  # noqa: N802 (Qt's name)
         self._wizard.start_survey()
 
-    def show_survey(self, found: Survey) -> None:
+    def show_survey(self, found: MachineContext) -> None:
         self.busy.hide()
         self.status.setText("This is what Hearthside will tune for:")
         while self.form.rowCount():
@@ -817,6 +784,9 @@ class ResultPage(QWizardPage):
         layout.addWidget(self.reasons)
         self.audit = _label("", "muted")
         layout.addWidget(self.audit)
+        self.speed = _label("", "muted")  # the pick's share of this machine's limit
+        self.speed.hide()
+        layout.addWidget(self.speed)
         self.note = _label("", "muted")
         layout.addWidget(self.note)
         self.applying_bar = QProgressBar()
@@ -851,6 +821,7 @@ class ResultPage(QWizardPage):
     def _clear(self, text: str) -> None:
         for widget in (self.subline, self.reasons, self.audit, self.note):
             widget.setText("")
+        self.speed.hide()
         self.headline.setText(text)
         self.table.setRowCount(0)
         self._wizard.offer_apply(False)
@@ -882,6 +853,26 @@ class ResultPage(QWizardPage):
             )
         self.note.setText("\n".join(lines))
         self._wizard.offer_apply(result.best is not None)
+        self._show_speed_of_light(result)
+
+    def _show_speed_of_light(self, result: TuneResult) -> None:
+        """The pick's measured speed against this machine's limit, the figure `hearthside
+        bench` gives for the same run; worked out off the GUI thread (it reads the model
+        file). Nothing is shown when no limit is known."""
+        self.speed.hide()
+        profile = self._wizard.found_profile()
+
+        def find() -> SpeedOfLight | None:
+            return tuned_speed_of_light(result, profile)
+
+        def show(reading: SpeedOfLight | None) -> None:
+            if reading is None or self._wizard.tune_result is not result:
+                return  # no limit known, or another run's result is shown now
+            self.speed.setText(speed_of_light_line(reading))
+            self.speed.setToolTip(reading.tooltip())
+            self.speed.show()
+
+        run_in_background(find, show, lambda _error: None)
 
     def show_plan(self, planned: Plan) -> None:
         self.plan = planned
@@ -952,6 +943,14 @@ class ResultPage(QWizardPage):
             f"Could not save the settings. {describe_error(error)} Press Apply to retry."
         )
         self.error.show()
+
+
+def speed_of_light_line(reading: SpeedOfLight) -> str:
+    """ "With these settings it wrote 62 tok/s: 81% of this machine's limit." """
+    line = f"With these settings it wrote {reading.measured_tps:.0f} tok/s: {reading.summary}."
+    if reading.cause:
+        line += f"\nWhy it is slower: {reading.cause}\nWhat to do: {reading.fix}"
+    return line
 
 
 # What each of the planner's setting names means to a person; names not here are shown as
@@ -1035,6 +1034,9 @@ class OptimizeWizard(QWizard):
 
     applied = Signal(object)  # AppliedTuning
     models_page_requested = Signal()
+    # a calibration or the tuner's runs were stored: this machine's figures changed (the
+    # window reads its MachineContext again, Apply or not)
+    measured = Signal()
 
     def __init__(
         self,
@@ -1057,7 +1059,7 @@ class OptimizeWizard(QWizard):
         self.runner.update.connect(self._on_update)
         self.runner.finished.connect(self._on_finished)
         self.runner.failed.connect(self._on_failed)
-        self.found: Survey | None = None
+        self.found: MachineContext | None = None
         self.choices: list[ModelChoice] | None = None
         self.choice: ModelChoice | None = None
         self.tune_result: TuneResult | None = None
@@ -1090,13 +1092,16 @@ class OptimizeWizard(QWizard):
     def start_survey(self) -> None:
         if self.found is not None or self._surveying:
             return
-        self._surveying = True
         source = self.profile_source
+        if isinstance(source, MachineContext):  # the window's: read once, passed down
+            self.show_survey(source)
+            return
+        self._surveying = True
         run_in_background(
-            lambda: survey(_profile_from(source)), self.show_survey, self._survey_failed
+            lambda: machine_context(_profile_from(source)), self.show_survey, self._survey_failed
         )
 
-    def show_survey(self, found: Survey) -> None:
+    def show_survey(self, found: MachineContext) -> None:
         self._surveying = False
         self.found = found
         self.found_page.show_survey(found)
@@ -1140,7 +1145,8 @@ class OptimizeWizard(QWizard):
         goal = self.goal_page.goal()
         profile = self.found_profile()
         run_in_background(
-            lambda: plan_for_catalog(choice, survey(profile), goal),
+            # read again: a calibration just now (this run's) changed the figures
+            lambda: plan_for_catalog(choice, machine_context(profile), goal),
             self.result_page.show_plan,
             self.result_page.show_error,
         )
@@ -1153,10 +1159,14 @@ class OptimizeWizard(QWizard):
 
     def _on_update(self, update: MeasureUpdate) -> None:
         self.measure_page.show_update(update)
+        if update.kind == "calibrated":
+            self.measured.emit()
 
     def _on_finished(self, result: TuneResult | None) -> None:
         self.tune_result = result
         self.measure_page.show_result(result)
+        if result is not None:
+            self.measured.emit()
         self._close_if_asked()
 
     def _on_failed(self, error: BaseException) -> None:
@@ -1231,47 +1241,13 @@ class OptimizeWizard(QWizard):
 
 
 def _profile_from(source: ProfileSource) -> HardwareProfile:
+    if isinstance(source, MachineContext):
+        return source.profile
     if isinstance(source, HardwareProfile):
         return source
     if source is not None:
         return source()
     return probe_in_subprocess(models_dir(data_dir()))
-
-
-# ---- screenshots -----------------------------------------------------------------------------
-
-
-def wizard_for_screenshots(
-    page: int,
-    recording: TuneRecording | None = None,
-    parent: QWidget | None = None,
-    *,
-    mid_run: bool = False,
-) -> OptimizeWizard:
-    """A wizard on `page` (PAGE_FOUND … PAGE_RESULT) showing a real recorded run, without an
-    engine: the recorded machine, the models in the data dir plus catalog suggestions, the
-    recorded candidates on the chart, and the recorded result. `mid_run` holds the measuring
-    page two thirds of the way through the run."""
-    recording = recording or recorded_run()
-    runner = RecordedTuneRunner(recording)
-    wizard = OptimizeWizard(None, recording.profile, parent, runner=runner)
-    found = survey(recording.profile)
-    wizard.show_survey(found)
-    choices = model_choices(found.profile, found.calibration)
-    recorded_choice = ModelChoice(
-        "default", recording.model_name, "recorded run", Path(f"{recording.model_name}.gguf")
-    )
-    if not any(choice.installed for choice in choices):
-        choices.insert(0, recorded_choice)
-    wizard.show_choices(choices)
-    wizard.goal_page.goal_buttons[recording.result.goal].setChecked(True)
-    wizard.restart()
-    for _ in range(page):
-        wizard.next()
-        if wizard.currentId() == PAGE_MEASURE:
-            held = mid_run and page == PAGE_MEASURE
-            runner.replay_now(len(recording.updates) * 2 // 3 if held else None)
-    return wizard
 
 
 __all__ = [
@@ -1280,14 +1256,10 @@ __all__ = [
     "MeasureUpdate",
     "ModelChoice",
     "OptimizeWizard",
-    "RecordedTuneRunner",
     "ServiceTuneRunner",
-    "Survey",
-    "TuneRecording",
     "TuneRunner",
     "measure",
     "model_choices",
     "settings_rows",
     "verdict",
-    "wizard_for_screenshots",
 ]

@@ -264,6 +264,17 @@ class EngineService:
 
         return self.submit(Job(run, description=f"load {config.model_path}"))
 
+    def unload(self) -> Job[None]:
+        """Unload the model once the jobs before it are done: its worker process ends and its
+        memory returns (the API's idle unload). `load` brings a model back."""
+
+        def run(_engine: LoadedEngine | None, _cancel: threading.Event) -> None:
+            self._unload()
+            self._requested = None
+            self._crashes_in_a_row = 0
+
+        return self.submit(Job(run, description="unload"))
+
     def chat(
         self,
         messages: Sequence[ChatMessage],

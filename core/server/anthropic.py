@@ -47,6 +47,7 @@ from hearthside.core.server.app import (
     sse_response,
 )
 from hearthside.core.server.content_parts import MEDIA_PARTS
+from hearthside.core.server.model_load import model_for_request
 from hearthside.core.server.model_pool import ModelPool
 from hearthside.core.server.request_errors import InvalidRequestError
 from hearthside.core.server.schemas import (
@@ -625,7 +626,7 @@ def add_anthropic_routes(
             return _unavailable_with_remote()
         chat = chat_request(body, settings)
         # Off the event loop: loading a model on demand, or a large (bounded) schema.
-        model = await run_in_threadpool(pool.model_for, body.model)
+        model = await model_for_request(pool, body.model, request)
         with model:  # held, never unloaded, until its job is queued (answered, if whole)
             named = replace(settings, model_id=model.id)
             plan = await run_in_threadpool(_chat_plan, chat, named)
@@ -643,7 +644,7 @@ def add_anthropic_routes(
         if service.is_remote:
             return _unavailable_with_remote()
         chat = chat_request(body, settings)
-        model = await run_in_threadpool(pool.model_for, body.model)
+        model = await model_for_request(pool, body.model, request)
         with model:
             plan = await run_in_threadpool(_chat_plan, chat, replace(settings, model_id=model.id))
             job = _submit_count(plan, model.service)

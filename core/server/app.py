@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hearthside.core.engine.config import EngineConfigError, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.grammar_limits import GrammarError
+from hearthside.core.engine.grammar_sampling import GrammarTooSlowError
 from hearthside.core.engine.logprobs import LogprobsCallback, TokenLogprob
 from hearthside.core.engine.remote import RemoteEngine, RemoteServerError
 from hearthside.core.engine.service import (
@@ -51,6 +52,7 @@ from hearthside.core.errors import (
     HearthsideError,
     JobCancelledError,
     QueueFullError,
+    TemplateError,
 )
 from hearthside.core.server import choices, structured, validation
 from hearthside.core.server.content_parts import check_text_only
@@ -59,7 +61,8 @@ from hearthside.core.server.logprob_format import (
     chat_logprobs,
     completion_logprobs,
 )
-from hearthside.core.server.metrics import install_metrics
+from hearthside.core.server.metrics import MeterFactory, install_metrics
+from hearthside.core.server.model_load import ModelLoadHeaders, model_for_request
 from hearthside.core.server.model_pool import DEFAULT_MAX_LOADED, ModelNotFoundError, ModelPool
 from hearthside.core.server.request_errors import InvalidRequestError
 from hearthside.core.server.schema_converter import UnenforceableSchemaError
@@ -91,6 +94,10 @@ class ServerSettings:
     created_at: int = field(default_factory=lambda: int(time.time()))
     # installed models loaded on demand beside `model_id`'s, least recently used unloaded first
     max_on_demand_models: int = DEFAULT_MAX_LOADED
+    # unload a model no request has used for this long (None: never); `model_id`'s own model
+    # too only with `unload_served_when_idle` (`hearthside serve`; the window's stays)
+    idle_unload_s: float | None = None
+    unload_served_when_idle: bool = False
 
     def security_policy(self) -> SecurityPolicy:
         return SecurityPolicy(
@@ -145,8 +152,10 @@ def create_app(
     service: EngineService,
     counter: RequestCounter | None = None,
     pool: ModelPool | None = None,
+    meters: MeterFactory | None = None,
 ) -> FastAPI:
-    """Without `pool`, requests may name only `service`'s model (or "default")."""
+    """Without `pool`, requests may name only `service`'s model (or "default"); with
+    `meters`, /metrics has a speed-of-light gauge per loaded model."""
     app = FastAPI(title="Hearthside local API", version="1", docs_url=None, redoc_url=None)
     pool = pool or ModelPool(service, settings.model_id, created_s=settings.created_at)
     app.state.model_pool = pool  # routes in other modules pick their engine with it too
@@ -156,10 +165,11 @@ def create_app(
     from hearthside.core.server.anthropic import add_anthropic_routes
 
     add_anthropic_routes(app, settings, service, pool)
+    app.add_middleware(ModelLoadHeaders)
     if counter is not None:  # added first, so it sits inside the security checks
         app.add_middleware(_CountingMiddleware, counter=counter)
     app.add_middleware(SecurityMiddleware, policy=settings.security_policy())
-    install_metrics(app, service, pool)  # last: its request counts see the refusals too
+    install_metrics(app, service, pool, meters)  # last: its request counts see the refusals too
     return app
 
 
@@ -236,11 +246,22 @@ def error_response(exc: HearthsideError) -> JSONResponse:
         )
     if isinstance(exc, UnenforceableSchemaError):
         return openai_error(400, exc.message, type_="invalid_request_error", code=exc.code)
+    if isinstance(exc, GrammarTooSlowError):  # the schema, not the server: no retry helps
+        return openai_error(
+            400, exc.message, type_="invalid_request_error", code="structured_output_too_slow"
+        )
     if isinstance(exc, EngineConfigError | structured.StructuredOutputError | GrammarError):
         return openai_error(400, exc.message, type_="invalid_request_error")
     if isinstance(exc, validation.InvalidReplyError):  # 422: SDKs retry a 5xx unasked
         return openai_error(
             422, exc.message, type_="invalid_request_error", code="structured_output_failed"
+        )
+    if isinstance(exc, TemplateError):  # this conversation, through this model's template
+        return openai_error(
+            400,
+            exc.user_text().replace("\n", " "),
+            type_="invalid_request_error",
+            code="chat_template_error",
         )
     if isinstance(exc, JobCancelledError):
         return openai_error(499, exc.message, type_="invalid_request_error", code="cancelled")
@@ -309,7 +330,7 @@ def _add_routes(
             relay = _Relay("chat/completions", _as_sent(body), body.stream, settings.model_id)
             return await relay.respond(request, service)
         # Off the event loop: loading a model on demand, or a large (bounded) schema.
-        model = await run_in_threadpool(pool.model_for, body.model)
+        model = await model_for_request(pool, body.model, request)
         with model:  # held, never unloaded, until its jobs are queued (answered, if whole)
             named = replace(settings, model_id=model.id)
             plan = await run_in_threadpool(_chat_plan, body, named)
@@ -323,7 +344,7 @@ def _add_routes(
             _sampling(body, settings)
             relay = _Relay("completions", _as_sent(body), body.stream, settings.model_id)
             return await relay.respond(request, service)
-        model = await run_in_threadpool(pool.model_for, body.model)
+        model = await model_for_request(pool, body.model, request)
         with model:  # held, never unloaded, until its jobs are queued (answered, if whole)
             named = replace(settings, model_id=model.id)
             plans = _completion_plans(body, named)

@@ -16,7 +16,8 @@ from hearthside.core.errors import HearthsideError
 from hearthside.core.server.app import RequestCounter, ServerSettings, create_app
 from hearthside.core.server.http_protocol import HttpLimits, protocol_with
 from hearthside.core.server.keys import check_bind_is_safe
-from hearthside.core.server.model_pool import ModelPool, OnDemandModels
+from hearthside.core.server.metrics import MeterFactory
+from hearthside.core.server.model_pool import ModelPool, OnDemandModels, PoolEvent
 from hearthside.core.server.request_log import RequestListener, RequestLog, RequestLogMiddleware
 
 START_TIMEOUT_S = 10.0
@@ -57,6 +58,8 @@ def model_pool(
         on_demand,
         max_loaded=settings.max_on_demand_models,
         created_s=settings.created_at,
+        idle_unload_s=settings.idle_unload_s,
+        unload_served_when_idle=settings.unload_served_when_idle,
     )
 
 
@@ -67,11 +70,12 @@ def uvicorn_config(
     limits: HttpLimits | None = None,
     pool: ModelPool | None = None,
     request_log: RequestLog | None = None,
+    meters: MeterFactory | None = None,
 ) -> uvicorn.Config:
     check_bind_address(settings.host)
     check_bind_is_safe(settings.host, settings.api_key)
     limits = limits or HttpLimits()
-    app = create_app(settings, service, counter, pool)
+    app = create_app(settings, service, counter, pool, meters)
     if request_log is not None:  # outermost: refusals by the security checks are logged too
         app.add_middleware(RequestLogMiddleware, log=request_log)
     return uvicorn.Config(
@@ -97,14 +101,16 @@ class ServerController:
         limits: HttpLimits | None = None,
         on_demand: OnDemandModels | None = None,
         on_request: RequestListener | None = None,
+        meters: MeterFactory | None = None,
     ) -> None:
-        """`on_request` hears each finished request (`request_log`) on the server's thread."""
+        """`on_request` hears each finished request (`request_log`) on the server's thread;
+        `meters` makes each loaded model's speed-of-light gauge for /metrics."""
         self.settings = settings
         self._counter = RequestCounter()
         self.request_log = RequestLog(on_request)
         self.pool = model_pool(settings, service, on_demand)
         config = uvicorn_config(
-            settings, service, self._counter, limits, self.pool, self.request_log
+            settings, service, self._counter, limits, self.pool, self.request_log, meters
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="hearthside-api", daemon=True)
@@ -164,11 +170,17 @@ def serve_foreground(
     service: EngineService,
     on_demand: OnDemandModels | None = None,
     on_signal: Callable[[int], None] = lambda _sig: None,
+    on_pool_event: Callable[[PoolEvent], None] | None = None,
+    meters: MeterFactory | None = None,
 ) -> None:
     """Run until Ctrl-C or SIGTERM (uvicorn handles the signal and shuts down cleanly);
-    `on_signal` hears each one, in the signal handler (it must not block)."""
+    `on_signal` hears each one, in the signal handler (it must not block); `on_pool_event`
+    hears each model loaded or unloaded on the pool's threads."""
     pool = model_pool(settings, service, on_demand)
+    if on_pool_event is not None:
+        pool.add_listener(on_pool_event)
     try:
-        _StoppingServer(uvicorn_config(settings, service, pool=pool), pool, on_signal).run()
+        config = uvicorn_config(settings, service, pool=pool, meters=meters)
+        _StoppingServer(config, pool, on_signal).run()
     finally:
         pool.stop()

@@ -7,6 +7,12 @@ token counts and speeds, a model load) and its notices (worker crashes and resta
 model pool tells of the models it loads on demand. Queue depth and busy slots are read from
 the service when scraped. Route labels are the app's route templates, never the raw path, so
 a client cannot grow the label set.
+
+With a `MeterFactory` (the app layer's `SpeedMeter`, autotune/speed_meter.py: core knows
+neither the calibration nor the planner), each loaded model gets a speed-of-light gauge: its
+limit on this machine, and the last reply's decode speed and share of the limit at that
+reply's context, the figure the chat footer and `hearthside bench` show. The `model` label
+is the served model's id or an installed model's, so the label set is bounded by the store.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from fastapi import FastAPI
 from fastapi.responses import Response
@@ -33,6 +40,35 @@ UNMATCHED_ROUTE = "unmatched"  # a path no route serves (its 404)
 NO_STATUS = "none"  # the client left before any answer started
 
 Labels = tuple[tuple[str, str], ...]
+
+
+class SpeedReading(Protocol):
+    """One reply's decode speed against the limit (autotune's SpeedOfLight)."""
+
+    @property
+    def measured_tps(self) -> float: ...
+    @property
+    def limit_tps(self) -> float: ...  # at the reply's context
+    @property
+    def share(self) -> float: ...
+
+
+class SpeedLimitLike(Protocol):
+    @property
+    def limit_tps(self) -> float: ...  # with an empty context
+
+
+class SpeedGauge(Protocol):
+    """Hears a service's results (`observe`) and keeps its model's limit and last reading."""
+
+    def observe(self, result: object) -> None: ...
+    @property
+    def limit(self) -> SpeedLimitLike | None: ...
+    @property
+    def last(self) -> SpeedReading | None: ...
+
+
+MeterFactory = Callable[[], SpeedGauge]
 
 
 @dataclass(frozen=True)
@@ -70,8 +106,10 @@ def _value_text(value: float) -> str:
 class ApiMetrics:
     """The counters; every method may be called from any thread."""
 
-    def __init__(self, service: EngineService) -> None:
+    def __init__(self, service: EngineService, meters: MeterFactory | None = None) -> None:
         self._service = service
+        self._meters = meters
+        self._gauges: dict[str, SpeedGauge] = {}  # by model id, while it is loaded
         self._lock = threading.Lock()
         self._requests: Counter[tuple[str, str]] = Counter()
         self._input_tokens = 0
@@ -106,6 +144,22 @@ class ApiMetrics:
     def note_pool_event(self, event: PoolEvent) -> None:
         if event.kind == "loaded":
             self._add_load()
+            if event.service is not None:
+                self.meter(event.model_id, event.service)
+        elif event.kind == "unloaded" and not event.served:
+            with self._lock:
+                self._gauges.pop(event.model_id, None)
+
+    def meter(self, model_id: str, service: EngineService) -> None:
+        """Give `service`'s model a speed-of-light gauge (nothing without a MeterFactory)."""
+        if self._meters is None:
+            return
+        gauge = self._meters()
+        service.add_result_listener(gauge.observe)
+        if service.loaded_config is not None:  # loaded before the API started
+            gauge.observe(service.loaded_config)
+        with self._lock:
+            self._gauges[model_id] = gauge
 
     def _add_load(self) -> None:
         with self._lock:
@@ -138,6 +192,7 @@ class ApiMetrics:
             counts = (self._input_tokens, self._output_tokens, self._generations)
             speeds = (self._last_prefill_tok_s, self._last_decode_tok_s)
             events = (self._model_loads, self._worker_crashes, self._worker_restarts)
+            gauges = sorted(self._gauges.items())
         return [
             _Family(
                 "hearthside_requests_total",
@@ -168,7 +223,47 @@ class ApiMetrics:
                 "Engine workers started again after a crash.",
                 events[2],
             ),
+            *_speed_of_light_families(gauges),
         ]
+
+
+def _speed_of_light_families(gauges: Sequence[tuple[str, SpeedGauge]]) -> list[_Family]:
+    if not gauges:
+        return []
+    limits = [(model, gauge.limit) for model, gauge in gauges]
+    readings = [(model, gauge.last) for model, gauge in gauges]
+
+    def per_model(values: Iterable[tuple[str, float | None]]) -> list[tuple[Labels, float]]:
+        return [((("model", model),), math.nan if v is None else v) for model, v in values]
+
+    return [
+        _Family(
+            "hearthside_speed_limit_tokens_per_second",
+            "gauge",
+            "This machine's decode limit for the model from an empty context, from its "
+            "calibration (NaN: not known yet, or not calibrated).",
+            per_model((m, limit.limit_tps if limit else None) for m, limit in limits),
+        ),
+        _Family(
+            "hearthside_speed_of_light_ratio",
+            "gauge",
+            "The last reply's decode speed as a share of this machine's limit at that "
+            "reply's context (0.81: 81%, as the chat footer and bench show; NaN: none yet).",
+            per_model((m, reading.share if reading else None) for m, reading in readings),
+        ),
+        _Family(
+            "hearthside_speed_of_light_decode_tokens_per_second",
+            "gauge",
+            "The last reply's decode speed, the ratio's numerator (NaN: none yet).",
+            per_model((m, reading.measured_tps if reading else None) for m, reading in readings),
+        ),
+        _Family(
+            "hearthside_speed_of_light_limit_tokens_per_second",
+            "gauge",
+            "The limit at the last reply's context, the ratio's denominator (NaN: none yet).",
+            per_model((m, reading.limit_tps if reading else None) for m, reading in readings),
+        ),
+    ]
 
 
 def _counter(name: str, help_text: str, value: float) -> _Family:
@@ -219,11 +314,15 @@ def route_template(routes: Iterable[BaseRoute], scope: Scope) -> str:
     return UNMATCHED_ROUTE
 
 
-def install_metrics(app: FastAPI, service: EngineService, pool: ModelPool) -> ApiMetrics:
+def install_metrics(
+    app: FastAPI, service: EngineService, pool: ModelPool, meters: MeterFactory | None = None
+) -> ApiMetrics:
     """Add `GET /metrics` and the request counting to `app` (call it last in the factory: the
     counting then sits outside the security checks and sees their refusals too)."""
-    metrics = ApiMetrics(service)
+    metrics = ApiMetrics(service, meters)
     service.add_result_listener(metrics.note_result)
+    if not service.is_remote:  # a remote server's machine is not this one
+        metrics.meter(pool.served_id, service)
     service.add_listener(metrics.note_notice)
     pool.add_listener(metrics.note_pool_event)
 

@@ -17,6 +17,13 @@ pool's own; a request waits for its model at most `wait_s`, then gets QueueFullE
 Retry-After) and the load carries on for the next request, unless nobody wants it any more.
 So at most `max_loaded` models are loaded on demand, the one loading included.
 
+Idle unload (`idle_unload_s`, what llama-server's --sleep-idle-seconds, Ollama's keep_alive
+and LM Studio's TTL do): a watcher thread unloads a model no request has held and whose engine
+has had no job for that long, so its worker process ends and its memory returns. The next
+request for it loads it again and waits meanwhile (at most `wait_s`); `ServedModel.loaded_s`
+says how long, and the API puts it in a response header. The served model is unloaded too
+only with `unload_served_when_idle` (`hearthside serve`): the window's own chat model stays.
+
 The app layer says what is installed and how a model is planned (`OnDemandModels`): this
 module knows neither where the store lives nor how the planner works.
 """
@@ -32,12 +39,13 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.service import EngineService
-from hearthside.core.errors import HearthsideError, QueueFullError
+from hearthside.core.errors import EngineError, HearthsideError, QueueFullError
 from hearthside.core.models.store import DEFAULT_REF, ModelStore
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,10 @@ DEFAULT_MAX_LOADED = 2
 # model to fall idle so it can make room) before it gets a 503 with Retry-After.
 WAIT_FOR_MODEL_S = 30.0
 IDLE_POLL_S = 0.05
+# The idle watcher looks this often at most (and four times per idle period at least), so a
+# model is unloaded within a second or so of its idle time.
+IDLE_CHECK_MAX_S = 1.0
+IDLE_CHECK_MIN_S = 0.05
 MAX_NAME_SHOWN = 80
 
 
@@ -93,7 +105,8 @@ class ServedModel:
 
     id: str  # the name replies carry
     service: EngineService
-    lease: _Lease | None = None  # None: the served model, which the pool never unloads
+    lease: _Lease | None = None  # None: nothing to release
+    loaded_s: float | None = None  # how long this request waited for its model to load
 
     def release(self) -> None:
         if self.lease is not None:
@@ -108,9 +121,15 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class PoolEvent:
-    kind: Literal["loaded", "unloaded"]
+    """`loading`: a request is waiting for a model to load (loaded on demand, or the served
+    one again after an idle unload); `loaded`: a model loaded on demand is ready (`service`);
+    `unloaded`: a model was unloaded, `reason` says why."""
+
+    kind: Literal["loading", "loaded", "unloaded"]
     model_id: str
     reason: str = ""
+    service: EngineService | None = field(default=None, compare=False)
+    served: bool = False  # the served model (its own service counts its loads)
 
 
 @dataclass(eq=False)
@@ -122,16 +141,25 @@ class _Entry:
 
 
 class _Lease:
-    """One request's hold on an entry; releasing twice releases once."""
+    """One request's hold on a model; releasing twice releases once."""
 
-    def __init__(self, pool: ModelPool, entry: _Entry) -> None:
-        self._pool = pool
-        self._entry = entry
+    def __init__(self, let_go: Callable[[], None]) -> None:
+        self._let_go = let_go
         self._once = threading.Lock()
 
     def release(self) -> None:
         if self._once.acquire(blocking=False):
-            self._pool._let_go(self._entry)
+            self._let_go()
+
+
+@dataclass(eq=False)
+class _ServedState:
+    """The served model's holders and idle time, and its config while unloaded for idling."""
+
+    last_used_s: float
+    holders: int = 0
+    asleep: EngineConfig | None = None  # unloaded when idle: what the next request loads
+    reloading: Future[None] | None = None
 
 
 def installed_in_store(root: Path) -> list[InstalledModel]:
@@ -169,9 +197,15 @@ class ModelPool:
         created_s: int | None = None,
         service_factory: Callable[[], EngineService] = _started_service,
         wait_s: float = WAIT_FOR_MODEL_S,
+        idle_unload_s: float | None = None,
+        unload_served_when_idle: bool = False,
     ) -> None:
+        """`idle_unload_s`: unload a model idle that long (None: never); the served one only
+        with `unload_served_when_idle`."""
         if max_loaded < 1:
             raise ValueError("max_loaded must be at least 1")
+        if idle_unload_s is not None and idle_unload_s <= 0:
+            raise ValueError("idle_unload_s must be positive (None: never unload)")
         self.served = served
         self.served_id = served_id
         self.max_loaded = max_loaded
@@ -185,6 +219,14 @@ class ModelPool:
         self._load_turns: collections.deque[_Entry] = collections.deque()
         self._entries: dict[str, _Entry] = {}
         self._stopping = False
+        self.idle_unload_s = idle_unload_s
+        self.unload_served_when_idle = unload_served_when_idle
+        self._served_state = _ServedState(time.monotonic())
+        self._watch_stopped = threading.Event()
+        if idle_unload_s is not None:
+            threading.Thread(
+                target=self._watch_idle, name="hearthside-idle-unload", daemon=True
+            ).start()
 
     # ---- choosing the engine for a request -------------------------------------------
 
@@ -193,10 +235,10 @@ class ModelPool:
         installed model not loaded yet (blocking: seconds, at most `wait_s`). Held until
         released. Raises ModelNotFoundError, or QueueFullError when it cannot be had now."""
         if self._names_served(name) or self.served.is_remote:
-            return ServedModel(self.served_id, self.served)
+            return self._served_lease(self.served_id)
         model = self._installed(name or "")
         if self._is_served_file(model.path):
-            return ServedModel(model.id, self.served)
+            return self._served_lease(model.id)
         return self._lease_of(model)
 
     def service_for(self, name: str | None) -> EngineService:
@@ -217,10 +259,14 @@ class ModelPool:
     def stop(self) -> None:
         """Unload every model loaded on demand (the served one stays with its owner); the
         requests waiting for a load hear at once that the API is shutting down."""
+        self._watch_stopped.set()
         with self._lock:
             self._stopping = True
             entries = list(self._entries.values())
             self._entries.clear()
+            reloading = self._served_state.reloading
+        if reloading is not None:  # the load itself ends with the served service
+            _settle_future(reloading, exception=_shutting_down())
         for entry in entries:
             _settle(entry, exception=_shutting_down())  # a load still running ends by itself
             if _succeeded(entry):
@@ -270,10 +316,151 @@ class ModelPool:
         return found
 
     def _is_served_file(self, path: Path) -> bool:
-        config = self.served.loaded_config
+        config = self.served.loaded_config or self._served_state.asleep
         if not isinstance(config, EngineConfig):
             return False
         return Path(config.model_path).resolve() == path.resolve()
+
+    # ---- the served model --------------------------------------------------------------
+
+    def _served_lease(self, shown_id: str) -> ServedModel:
+        """The served model, held for the caller; loaded again first when it was unloaded
+        for idling (the caller waits, at most `wait_s`)."""
+        state = self._served_state
+        with self._lock:
+            state.holders += 1
+            state.last_used_s = time.monotonic()
+            reload, asleep = state.reloading, state.asleep
+            if reload is None and asleep is not None:
+                if self._stopping:
+                    state.holders -= 1
+                    raise _shutting_down()
+                reload = state.reloading = Future()
+            else:
+                asleep = None  # loaded, or another request started its load
+        if asleep is not None and reload is not None:
+            self._start_reload(asleep, reload)
+        lease = _Lease(self._let_go_served)
+        loaded_s = (
+            None
+            if reload is None
+            else self._wait_for_load(reload, lease, shown_id, _still_loading_again)
+        )
+        return ServedModel(shown_id, self.served, lease, loaded_s)
+
+    def _start_reload(self, config: EngineConfig, done: Future[None]) -> None:
+        self._tell(PoolEvent("loading", self.served_id, "a request came", served=True))
+        threading.Thread(
+            target=self._reload_served, args=(config, done), name="reload served", daemon=True
+        ).start()
+
+    def _reload_served(self, config: EngineConfig, done: Future[None]) -> None:
+        log.info("loading %s again for a request (it was unloaded while idle)", self.served_id)
+        try:
+            self.served.load(config, on_retry=log.info).result()
+        except BaseException as exc:
+            with self._lock:  # still asleep: the next request tries again
+                self._served_state.reloading = None
+            _settle_future(done, exception=exc)
+            return
+        with self._lock:
+            self._served_state.asleep = None
+            self._served_state.reloading = None
+            self._served_state.last_used_s = time.monotonic()
+        _settle_future(done, result=None)
+
+    def _let_go_served(self) -> None:
+        with self._lock:
+            self._served_state.holders -= 1
+            self._served_state.last_used_s = time.monotonic()
+
+    def _wait_for_load(
+        self,
+        loading: Future[Any],
+        lease: _Lease,
+        model_id: str,
+        too_slow: Callable[[str, float], QueueFullError] | None = None,
+    ) -> float:
+        """Seconds waited for `loading`; the lease is given up when the wait fails."""
+        started = time.monotonic()
+        try:
+            loading.result(timeout=self.wait_s)
+        except FutureTimeoutError:
+            lease.release()
+            raise (too_slow or _still_loading)(model_id, self.wait_s) from None
+        except BaseException:
+            lease.release()
+            raise
+        return time.monotonic() - started
+
+    # ---- unloading idle models ---------------------------------------------------------
+
+    def _watch_idle(self) -> None:
+        assert self.idle_unload_s is not None
+        every_s = max(IDLE_CHECK_MIN_S, min(IDLE_CHECK_MAX_S, self.idle_unload_s / 4))
+        while not self._watch_stopped.wait(every_s):
+            try:
+                self.unload_idle()
+            except Exception:  # the watcher must outlive whatever one unload raises
+                log.exception("unloading idle models failed")
+
+    def unload_idle(self) -> list[str]:
+        """Unload every model idle for `idle_unload_s` (the watcher calls this); returns
+        their ids."""
+        if self.idle_unload_s is None:
+            return []
+        now = time.monotonic()
+        reason = f"no request for {_seconds_text(self.idle_unload_s)}"
+        unloaded = []
+        for entry in self._take_idle_entries(now, self.idle_unload_s):
+            entry.ready.result().stop()  # the worker process ends: its memory returns now
+            unloaded.append(entry.model.id)
+            self._announce_unload(entry.model.id, reason, served=False)
+        if self.unload_served_when_idle and self._unload_served_if_idle(now, self.idle_unload_s):
+            unloaded.append(self.served_id)
+            self._announce_unload(self.served_id, reason, served=True)
+        return unloaded
+
+    def _announce_unload(self, model_id: str, reason: str, *, served: bool) -> None:
+        log.info("unloaded %s (%s)", model_id, reason)
+        self._tell(PoolEvent("unloaded", model_id, reason, served=served))
+
+    def _take_idle_entries(self, now: float, idle_s: float) -> list[_Entry]:
+        """The models loaded on demand that have been idle for `idle_s`, taken out of the
+        pool in the same step; a model in use counts as used now."""
+        taken = []
+        with self._lock:
+            for entry in list(self._entries.values()):
+                if not _succeeded(entry):
+                    continue
+                if entry.holders or not entry.ready.result().idle:
+                    entry.last_used_s = now
+                elif now - entry.last_used_s >= idle_s:
+                    del self._entries[entry.model.id]
+                    taken.append(entry)
+        return taken
+
+    def _unload_served_if_idle(self, now: float, idle_s: float) -> bool:
+        """Unload the served model when it has been idle for `idle_s`. Marked asleep under
+        the lock that hands it out, so a request that comes meanwhile loads it again (its
+        load queues behind the unload)."""
+        state = self._served_state
+        with self._lock:
+            config = self.served.loaded_config
+            if not isinstance(config, EngineConfig) or self._stopping or state.reloading:
+                return False
+            if state.holders or not self.served.idle:
+                state.last_used_s = now
+                return False
+            if now - state.last_used_s < idle_s:
+                return False
+            try:
+                unloading = self.served.unload()
+            except EngineError:  # the service is stopping
+                return False
+            state.asleep = config
+        unloading.result()
+        return True
 
     # ---- loading on demand -----------------------------------------------------------
 
@@ -283,25 +470,31 @@ class ModelPool:
             if self._stopping:
                 raise _shutting_down()
             entry = self._entries.get(model.id)
+            first = entry is None
             if entry is None:
                 entry = self._entries[model.id] = _Entry(model, time.monotonic())
                 entry.holders = 1
-                threading.Thread(
-                    target=self._load, args=(entry,), name=f"load {model.id}", daemon=True
-                ).start()
             else:
                 entry.holders += 1
             entry.last_used_s = time.monotonic()
-        lease = _Lease(self, entry)
+        if first:
+            self._tell(PoolEvent("loading", model.id, "a request named it"))
+            threading.Thread(
+                target=self._load, args=(entry,), name=f"load {model.id}", daemon=True
+            ).start()
+        lease = _Lease(partial(self._let_go, entry))
+        if entry.ready.done():
+            return ServedModel(model.id, self._ready_service(entry, lease), lease)
+        loaded_s = self._wait_for_load(entry.ready, lease, model.id)
+        return ServedModel(model.id, entry.ready.result(), lease, loaded_s)
+
+    @staticmethod
+    def _ready_service(entry: _Entry, lease: _Lease) -> EngineService:
         try:
-            service = entry.ready.result(timeout=self.wait_s)
-        except FutureTimeoutError:
-            lease.release()
-            raise _still_loading(model.id, self.wait_s) from None
+            return entry.ready.result()
         except BaseException:
             lease.release()
             raise
-        return ServedModel(model.id, service, lease)
 
     def _let_go(self, entry: _Entry) -> None:
         with self._lock:
@@ -321,7 +514,7 @@ class ModelPool:
         if not _settle(entry, service=service):  # the pool stopped meanwhile
             service.stop()
             return
-        self._tell(PoolEvent("loaded", entry.model.id))
+        self._tell(PoolEvent("loaded", entry.model.id, service=service))
 
     def _loaded_service(self, entry: _Entry) -> EngineService:
         with self._lock:
@@ -382,8 +575,7 @@ class ModelPool:
             self._check_still_wanted(entry)
             time.sleep(IDLE_POLL_S)
         victim.ready.result().stop()  # the worker process ends: its memory returns now
-        log.info("unloaded %s (%s)", victim.model.id, reason)
-        self._tell(PoolEvent("unloaded", victim.model.id, reason))
+        self._announce_unload(victim.model.id, reason, served=False)
 
     def _take_least_recent_idle(self, entry: _Entry) -> _Entry | None:
         """The least recently used model that no request holds and whose engine is idle,
@@ -413,6 +605,24 @@ class ModelPool:
                 listener(event)
             except Exception:
                 log.exception("model pool listener failed")
+
+
+def _seconds_text(seconds: float) -> str:
+    if seconds >= 120 and seconds % 60 == 0:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds:g} s"
+
+
+def _settle_future(
+    future: Future[Any], *, result: object = None, exception: BaseException | None = None
+) -> None:
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except InvalidStateError:  # settled already (a stop answered its waiters early)
+        pass
 
 
 def _succeeded(entry: _Entry) -> bool:
@@ -445,6 +655,14 @@ def _still_loading(model_id: str, waited_s: float) -> QueueFullError:
         "are loading or every loaded model is busy.",
         hint="Try again in a few seconds, or ask for a model that is already loaded "
         '(GET /v1/models marks them "loaded").',
+    )
+
+
+def _still_loading_again(model_id: str, waited_s: float) -> QueueFullError:
+    return QueueFullError(
+        f"The model `{model_id}` was unloaded after a quiet spell and is still loading "
+        f"after {waited_s:.0f} s.",
+        hint="Try again in a few seconds; it stays loaded while requests keep coming.",
     )
 
 

@@ -2,10 +2,12 @@
 
 `RequestLogMiddleware` is the outermost ASGI layer (refusals by the security checks show too,
 so a user sees why their editor gets 401/403). For each HTTP request it notes the time, the
-method and path (never the query string or body: prompts stay out), the status, and the
+method and path (never the query string or body: prompts stay out), the status, the
 tokens generated when the answer says (`usage` in a JSON body, or in a stream's chunk when
-the client asked for it). `RequestLog` keeps the latest entries and calls a listener on the
-server's thread; the window turns that into a Qt signal.
+the client asked for it), and the model the request waited for to load, if it did (the
+answer's X-Hearthside-Loaded-Model header, core/server/model_load.py). `RequestLog` keeps
+the latest entries and calls a listener on the server's thread; the window turns that into a
+Qt signal.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hearthside.core.server.model_load import LOAD_WAIT_HEADER, LOADED_MODEL_HEADER
 
 MAX_ENTRIES = 200
 MAX_PARSED_BODY_BYTES = 1 << 20  # larger JSON bodies are not searched for `usage`
@@ -31,6 +36,8 @@ class FinishedRequest:
     status: int | None  # None: the connection closed before any answer
     completion_tokens: int | None  # None: the answer did not say
     duration_s: float
+    loaded_model: str | None = None  # the model loaded before this request was answered
+    load_wait_s: float | None = None  # how long the request waited for that load
 
 
 RequestListener = Callable[[FinishedRequest], None]
@@ -81,6 +88,17 @@ def _json_documents(body: bytes) -> list[object]:
     return documents
 
 
+def load_in(headers: Headers) -> tuple[str, float] | None:
+    """(model, seconds waited) when the answer says its request waited for a load."""
+    model = headers.get(LOADED_MODEL_HEADER)
+    if model is None:
+        return None
+    try:
+        return model, float(headers.get(LOAD_WAIT_HEADER, "0"))
+    except ValueError:
+        return model, 0.0
+
+
 class RequestLogMiddleware:
     def __init__(self, app: ASGIApp, log: RequestLog) -> None:
         self.app = app
@@ -93,11 +111,13 @@ class RequestLogMiddleware:
         started = time.monotonic()
         status: int | None = None
         tokens: int | None = None
+        load: tuple[str, float] | None = None
 
         async def noting_send(message: Message) -> None:
-            nonlocal status, tokens
+            nonlocal status, tokens, load
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                load = load_in(Headers(raw=message.get("headers", [])))
             elif message["type"] == "http.response.body":
                 found = completion_tokens_in(message.get("body", b""))
                 tokens = found if found is not None else tokens
@@ -114,5 +134,7 @@ class RequestLogMiddleware:
                     status=status,
                     completion_tokens=tokens,
                     duration_s=time.monotonic() - started,
+                    loaded_model=load[0] if load else None,
+                    load_wait_s=load[1] if load else None,
                 )
             )

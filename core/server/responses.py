@@ -42,6 +42,7 @@ from hearthside.core.server.app import (
     _wait_unless_client_leaves,
     sse_response,
 )
+from hearthside.core.server.model_load import model_for_request
 from hearthside.core.server.model_pool import ModelPool
 from hearthside.core.server.schemas import ChatCompletionRequest, _Request, _TextChecked
 from hearthside.core.server.security import openai_error
@@ -687,7 +688,7 @@ def add_responses_routes(
         except RequestRefused as refusal:
             return refusal.response()
         # Off the event loop: loading a model on demand, or a large (bounded) schema.
-        model = await run_in_threadpool(pool.model_for, body.model)
+        model = await model_for_request(pool, body.model, request)
         with model:  # held, never unloaded, until its job is queued (answered, if whole)
             named = replace(settings, model_id=model.id)
             plan = await run_in_threadpool(_chat_plan, chat, named)

@@ -185,3 +185,47 @@ def test_an_unsafe_hub_address_is_refused_and_nothing_is_saved(
     assert "https://" in window.message_bar.text
     assert not (hearthside_home / SETTINGS_FILE_NAME).exists()
     assert window.load_options.n_ctx == 4096
+
+
+def test_the_api_idle_unload_is_kept_in_seconds_and_used_when_the_api_starts(
+    make_window: WindowFactory, hearthside_home: Path, tmp_path: Path
+) -> None:
+    from hearthside.app.gui.api_switch import start_api
+    from hearthside.core.engine.config import EngineConfig
+    from hearthside.core.engine.service import EngineService
+    from tests.core.server.test_api import free_port
+    from tests.gguf_samples import write_tiny_gguf
+
+    window = make_window()
+    window.edit_settings()
+    dialog = window.settings_dialog
+    assert isinstance(dialog, SettingsDialog)
+    assert dialog.idle_box.text() == "Never"
+    dialog.idle_box.setValue(10)
+    dialog.accept()
+    assert (
+        "Unload idle API models: after 10 minutes (from the next time the API is turned on)"
+        in window.message_bar.text
+    )
+    stored = json.loads((hearthside_home / SETTINGS_FILE_NAME).read_text())
+    assert stored == {"idle_unload_s": 600}
+    assert Settings().idle_unload_s == 600
+
+    model = write_tiny_gguf(tmp_path / "chat.gguf", loadable=True)
+    with EngineService() as service:
+        service.load(EngineConfig(model_path=str(model), n_ctx=256)).result()
+        controller = start_api(service, free_port())
+        try:
+            assert controller.pool.idle_unload_s == 600
+            assert not controller.pool.unload_served_when_idle  # the window's model stays
+        finally:
+            controller.stop()
+
+    window.edit_settings()
+    dialog = window.settings_dialog
+    assert isinstance(dialog, SettingsDialog)
+    assert dialog.idle_box.value() == 10
+    dialog.idle_box.setValue(0)  # Never
+    dialog.accept()
+    assert "Unload idle API models: never" in window.message_bar.text
+    assert "idle_unload_s" not in json.loads((hearthside_home / SETTINGS_FILE_NAME).read_text())

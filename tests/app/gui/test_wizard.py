@@ -21,6 +21,11 @@ from PySide6.QtWidgets import QApplication, QWizard
 from pytestqt.qtbot import QtBot
 
 from hearthside.app.gui.app import apply_palette
+from hearthside.app.gui.screenshot_recording import (
+    TuneRecording,
+    recorded_run,
+    wizard_for_screenshots,
+)
 from hearthside.app.gui.tune_chart import TuneChart
 from hearthside.app.gui.wizard import (
     PAGE_FOUND,
@@ -30,7 +35,6 @@ from hearthside.app.gui.wizard import (
     OptimizeWizard,
     applied_tuning,
     mark_quality,
-    wizard_for_screenshots,
 )
 from hearthside.autotune import optimize, tuner
 from hearthside.autotune.goals import RunQuality
@@ -38,9 +42,7 @@ from hearthside.autotune.optimize import (
     SAME_SPEED_BAND,
     AppliedTuning,
     ModelChoice,
-    TuneRecording,
-    recorded_run,
-    survey,
+    machine_context,
 )
 from hearthside.autotune.tuner import TuneEvent, TuneResult, VariantRun
 from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
@@ -278,7 +280,7 @@ def test_a_catalog_model_gets_a_plan_only_after_calibrating_first(
     with qtbot.waitSignal(wizard.runner.finished, timeout=RUN_TIMEOUT_MS) as finished:
         wizard.next()
     assert finished.args[0] is None  # calibrated; nothing tuned
-    figures = survey(profile).calibration  # the planner now has this machine's figures
+    figures = machine_context(profile).calibration  # the planner now has this machine's figures
     assert any(key.startswith("cpu_read_bytes_per_s:") for key in figures)  # measured RAM
 
     wizard.next()
