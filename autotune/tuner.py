@@ -56,7 +56,6 @@ from hearthside.autotune.goals import (
 )
 from hearthside.autotune.memory import WeightPiece, pieces_from_spec
 from hearthside.autotune.planner import Goal, Plan, SpeedEstimate, evaluate_config, plan
-from hearthside.autotune.recipes import sync_recipes
 from hearthside.autotune.speculative import (
     DraftOption,
     SpeculationDecision,
@@ -85,7 +84,14 @@ from hearthside.autotune.tune_quality import (
     variant_quality,
 )
 from hearthside.autotune.tune_types import measure_missing_types
-from hearthside.autotune.wisdom import Outcome, Rigor, RunRecord, WisdomDB, config_key
+from hearthside.autotune.wisdom import (
+    Outcome,
+    Rigor,
+    RunRecord,
+    WisdomDB,
+    config_key,
+    sync_recipes,
+)
 from hearthside.core.engine.bench import measure_verify_cost, run_bench
 from hearthside.core.engine.config import (
     CHAT_CONTEXT,
@@ -207,8 +213,9 @@ def _ratio(first: RunRecord | None, second: RunRecord | None) -> float | None:
 def llama_cpp_defaults(model_path: str, profile: HardwareProfile, n_ctx: int) -> EngineConfig:
     """What `llama-server -m FILE` uses (common/common.h, arg.cpp): the physical (performance)
     cores for both phases, flash attention auto (on where the backend has it: the CPU does), an
-    f16 KV cache, batch 2048 / micro-batch 512, every layer on the GPU there is. The context is
-    the tuned one, so both hold the same cache."""
+    f16 KV cache, batch 2048 / micro-batch 512, every layer on the GPU there is, and a
+    sliding-window cache only as long as the window (`swa_full` off, as in common.h and
+    llama-bench). The context is the tuned one, so both hold the same cache."""
     cores = profile.cpu.performance_cores or profile.cpu.physical_cores or 1
     return EngineConfig(
         model_path,
@@ -219,6 +226,7 @@ def llama_cpp_defaults(model_path: str, profile: HardwareProfile, n_ctx: int) ->
         n_ubatch=512,
         flash_attn=True,
         n_gpu_layers=-1 if profile.gpus else 0,
+        swa_full=False,
     )
 
 

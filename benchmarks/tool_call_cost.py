@@ -187,11 +187,15 @@ def tool_call_ratios(client: openai.OpenAI, repetitions: int, max_tokens: int) -
 
 
 def targets_for(figures: dict[str, Any]) -> list[Target]:
-    """Pure: every measured ratio against TARGET_RATIO."""
+    """Pure: every case's measured ratio against TARGET_RATIO; a case never measured misses."""
     return [
-        Target(f"{name} tool call / plain tokens", figures[name]["ratio"], TARGET_RATIO, "at most")
+        Target(
+            f"{name} tool call / plain tokens",
+            figures.get(name, {}).get("ratio"),
+            TARGET_RATIO,
+            "at most",
+        )
         for name in ("first", *(case.name for case in CASES))
-        if name in figures
     ]
 
 

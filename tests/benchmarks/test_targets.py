@@ -311,3 +311,163 @@ def test_use_my_data_keeps_the_users_folder() -> None:
         assert not home.fresh
         assert home.path == Path(os.environ["HEARTHSIDE_HOME"])
         assert "YOURS" in home.describe()
+
+
+# --- native_anchor ----------------------------------------------------------------------
+
+
+def anchor_rounds(in_engine_decode: list[float], pick_decode: float) -> list[dict[str, Any]]:
+    """Rounds in which native defaults run at 100 tok/s (prompt 500) and the in-engine
+    imitation at the given decode speeds; the pick runs natively at `pick_decode`."""
+    Speeds = benchmark("native_anchor").Speeds
+    return [
+        {
+            "native defaults": Speeds(500.0, 100.0),
+            "in-engine defaults": Speeds(500.0, decode),
+            "pick in-engine": Speeds(500.0, pick_decode),
+            "pick native": Speeds(500.0, pick_decode),
+        }
+        for decode in in_engine_decode
+    ]
+
+
+def test_native_anchor_passes_an_imitation_within_3_percent_and_an_honest_headline() -> None:
+    anchor = benchmark("native_anchor")
+    assert status(anchor.targets(anchor_rounds([98.0, 99.0, 101.0], 110.0), 1.12)) == 0
+
+
+def test_native_anchor_misses_a_slow_imitation_and_a_headline_not_borne_out_natively() -> None:
+    anchor = benchmark("native_anchor")
+    assert status(anchor.targets(anchor_rounds([91.0, 90.0, 92.0], 110.0), 1.12)) == 1
+    assert status(anchor.targets(anchor_rounds([99.0, 100.0, 101.0], 100.0), 1.06)) == 1
+    assert status(anchor.targets(anchor_rounds([99.0, 100.0, 101.0], 98.0), 0.98)) == 1
+    assert status(anchor.targets(anchor_rounds([99.0, 100.0, 101.0], 110.0), None)) == 1
+
+
+def test_native_anchor_ratios_pair_each_round_so_one_slow_round_does_not_decide() -> None:
+    anchor = benchmark("native_anchor")
+    rounds = anchor_rounds([100.0, 100.0, 100.0], 110.0)
+    slow = benchmark("native_anchor").Speeds(400.0, 80.0)
+    rounds[1] = {side: slow for side in rounds[1]}  # the whole machine slowed for a round
+    assert anchor.paired_ratio(rounds, "in-engine defaults", "native defaults", "decode") == 1.0
+
+
+# --- speed_of_light ---------------------------------------------------------------------
+
+
+def light_round(meter_share: float, native_tps: float) -> Any:
+    """A round on a model whose limit is 10 tok/s: llama-bench decoded `native_tps`."""
+    return benchmark("speed_of_light").Round(meter_share, 8.0, native_tps, 10.0)
+
+
+def test_speed_of_light_passes_a_meter_that_agrees_with_llama_bench() -> None:
+    light = benchmark("speed_of_light")
+    assert status(light.targets([light_round(0.80, 8.2)] * 3, "memory bandwidth")) == 0
+
+
+def test_speed_of_light_misses_a_meter_or_a_planner_bandwidth_off_llama_cpp() -> None:
+    light = benchmark("speed_of_light")
+    assert status(light.targets([light_round(0.60, 8.2)] * 3, "memory bandwidth")) == 1
+    assert status(light.targets([light_round(0.80, 8.2)] * 3, "compute")) == 1
+    # llama.cpp's decode implies 0.6 of the planner's bandwidth: the planner promises too much
+    assert status(light.targets([light_round(0.58, 6.0)] * 3, "memory bandwidth")) == 1
+    # ... or 1.3 of it: the planner's bandwidth is too low
+    assert status(light.targets([light_round(1.25, 13.0)] * 3, "memory bandwidth")) == 1
+    assert status(light.targets([], "memory bandwidth")) == 1
+
+
+# --- tool_call_cost ---------------------------------------------------------------------
+
+
+def test_tool_call_cost_misses_above_1_5x_and_when_a_case_was_never_measured() -> None:
+    cost = benchmark("tool_call_cost")
+    names = ["first", *(case.name for case in cost.CASES)]
+    passing = {name: {"ratio": 1.2} for name in names}
+    assert status(cost.targets_for(passing)) == 0
+    assert status(cost.targets_for({**passing, names[-1]: {"ratio": 1.6}})) == 1
+    assert status(cost.targets_for({name: passing[name] for name in names[1:]})) == 1
+
+
+# --- realistic_models ---------------------------------------------------------------------
+
+
+def realistic_result(**changes: Any) -> Any:
+    """An 8B-like model's three rounds, figures chosen to meet every target: the plan's decode
+    2.1 tok/s against 2.0 measured, prefill 9 against 8.6, memory 5.6 GiB against 5.5, the
+    pick (2 threads, f16) the fastest point within the quality budget, 1.04x the defaults as
+    shown. `changes` replace fields of every round, or of the result itself."""
+    bench = benchmark("realistic_models")
+    Speeds, Point = benchmark("native_anchor").Speeds, bench.SweepPoint
+    gib = 2**30
+    pick = Point(2, True, "f16")
+    sweep = {pick: 2.0, Point(1, True, "f16"): 1.4, Point(2, False, "f16"): 1.9,
+             Point(2, True, "q8_0"): 1.98, Point(2, True, "q4_0"): 2.3}  # fmt: skip
+    round_fields = {
+        "defaults": Speeds(8.6, 1.92), "planned": Speeds(8.6, 2.0), "pick": Speeds(8.6, 2.0),
+        "sweep": sweep, "ttft_s": 60.0, "peak_rss_bytes": int(5.5 * gib),
+        "buffer_bytes": int(5.45 * gib), "load_average": 1.1,
+    }  # fmt: skip
+    result_fields = {
+        "name": "llama-3.1-8b Q4_K_M",
+        "predicted": bench.Predicted(2.1, 9.0, 512 / 9.0, int(5.6 * gib), "2/2 threads"),
+        "pick_point": pick,
+        "allowed_kv": frozenset({"f16", "q8_0"}),  # q4_0's 2.3 tok/s is over the KLD budget
+        "shown_speedup": 1.06,
+    }
+    rounds = [
+        bench.Round(**{**round_fields, **{k: v for k, v in changes.items() if k in round_fields}})
+        for _ in range(3)
+    ]
+    mine = {k: v for k, v in changes.items() if k in result_fields}
+    return bench.ModelResult(**{**result_fields, **mine, "rounds": changes.get("rounds", rounds)})
+
+
+def test_realistic_models_passes_a_plan_and_tuner_that_llama_cpp_bears_out() -> None:
+    bench = benchmark("realistic_models")
+    assert status(bench.targets(realistic_result())) == 0
+
+
+def test_realistic_models_misses_each_figure_llama_cpp_does_not_bear_out() -> None:
+    bench = benchmark("realistic_models")
+    Speeds, Point = benchmark("native_anchor").Speeds, bench.SweepPoint
+    slower = {Point(2, True, "f16"): 2.0, Point(2, True, "q8_0"): 2.2}  # an allowed KV beats it
+    misses: list[dict[str, Any]] = [
+        {"planned": Speeds(8.6, 1.6)},  # decode promised 1.31x what llama-bench gets
+        {"planned": Speeds(6.5, 2.0)},  # prefill 1.38x
+        {"ttft_s": 40.0},  # a first token 1.42x slower than llama-server's
+        {"peak_rss_bytes": int(6.0 * 2**30)},  # the plan leaves out 7% of the process
+        {"sweep": slower},  # the sweep found 10% more decode than the pick
+        {"defaults": Speeds(8.6, 2.1)},  # llama.cpp's defaults beat the pick
+        {"shown_speedup": 1.2},  # the user was shown 1.2x, llama.cpp measures 1.04x
+        {"shown_speedup": None},  # tune showed no speed-up at all
+        {"rounds": []},  # nothing measured
+    ]
+    for changes in misses:
+        assert status(bench.targets(realistic_result(**changes))) == 1, changes
+
+
+def test_realistic_models_counts_the_tuners_quality_budget_not_the_global_prior() -> None:
+    bench = benchmark("realistic_models")
+
+    def run(kv: str, kld: float) -> dict[str, Any]:
+        return {"config": {"type_k": kv}, "quality": {"mean_kld": kld}}
+
+    measured = {"kld_budget": 0.05, "runs": [run("f16", 0.0), run("q8_0", 0.08), None]}
+    # q8_0 measured over the budget on this model; q4_0 never run: its prior 0.2 is over too
+    assert bench.allowed_kv_types(measured) == frozenset({"f16"})
+    gentle = {"kld_budget": 0.05, "runs": [run("f16", 0.0), run("q4_0", 0.03)]}
+    # q8_0 at its prior (0.02), q4_0 as measured on this model (0.03)
+    assert bench.allowed_kv_types(gentle) == frozenset({"f16", "q8_0", "q4_0"})
+
+
+def test_realistic_models_sums_llama_cpps_own_buffer_lines() -> None:
+    bench = benchmark("realistic_models")
+    lines = [  # llama-server -lv 4, tiny-dense Q4_K_M, 2 slots x 2048
+        "0.00.107.699 I load_tensors:   CPU_Mapped model buffer size =     5.77 MiB",
+        "0.00.107.723 I load_tensors:   CPU_REPACK model buffer size =     3.59 MiB",
+        "0.00.130.773 I llama_context:        CPU  output buffer size =     0.03 MiB",
+        "0.00.130.957 I llama_kv_cache:        CPU KV buffer size =    16.00 MiB",
+        "0.00.184.151 I sched_reserve:        CPU compute buffer size =    10.01 MiB",
+    ]
+    assert bench.buffer_bytes(lines) == int(35.40 * 2**20)
+    assert bench.buffer_bytes([]) is None

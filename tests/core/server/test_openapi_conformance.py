@@ -276,8 +276,6 @@ RESPONSE_REQUEST = {
 @pytest.fixture(scope="module")
 def response(server: Running, model_id: str) -> dict[str, Any]:
     reply = post(server, "/responses", {"model": model_id, **RESPONSE_REQUEST})
-    if reply.status_code == 404 and reply.json().get("error", {}).get("code") != "model_not_found":
-        pytest.skip("POST /v1/responses is not served yet")  # drop once it is
     assert reply.status_code == 200, reply.text
     return dict(reply.json())
 
