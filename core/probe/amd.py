@@ -2,6 +2,9 @@
 
 This is what ROCm's own tools read, needs no ROCm install, and works with a fake root in
 tests. `read_amd_sysfs` gathers one plain dict per GPU node; `parse_amd_records` decides.
+Where sysfs shows no KFD topology (a container that hides /sys, say), the same records come
+from `amd-smi static --json` or, failing that, `rocm-smi --json` (`parse_amd_smi_static`,
+`parse_rocm_smi`; real outputs of both are in tests/fixtures/probe/gpu/, README there).
 
 Sample KFD node properties (`/sys/class/kfd/kfd/topology/nodes/1/properties`, RX 7900 XTX):
 
@@ -16,6 +19,7 @@ Sample KFD node properties (`/sys/class/kfd/kfd/topology/nodes/1/properties`, RX
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,7 @@ from typing import Any
 from hearthside.core.probe import engine_build
 from hearthside.core.probe.base import ProbeContext, ProbeResult
 from hearthside.core.probe.profile import GpuInfo, ProbeError, UnsupportedDevice
+from hearthside.core.units import MIB
 
 SOURCE = "amd"
 AMD_PCI_VENDOR_ID = 0x1002
@@ -80,9 +85,15 @@ AMD_PARTS: dict[tuple[int, int | None], AmdPart] = {
 PCIE_GENERATION_BY_GT_S = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 
 
+AMD_SMI_COMMAND = ("amd-smi", "static", "--asic", "--bus", "--vram", "--driver", "--json")
+ROCM_SMI_COMMAND = ("rocm-smi", "--showproductname", "--showbus", "--showmeminfo", "vram", "--json")
+
+
 def probe(ctx: ProbeContext) -> ProbeResult:
-    if ctx.platform != "linux" or not ctx.path(KFD_NODES).is_dir():
+    if ctx.platform != "linux":
         return ProbeResult()
+    if not ctx.path(KFD_NODES).is_dir():
+        return probe_with_tools(ctx)
     try:
         records = read_amd_sysfs(ctx.root)
     except (OSError, ValueError) as error:
@@ -174,6 +185,8 @@ def gpu_memory_free_bytes(record: AmdRecord, integrated: bool) -> int | None:
 
 
 def compute_units(record: AmdRecord) -> int | None:
+    if record.get("compute_units"):  # amd-smi says it; KFD counts SIMDs
+        return int(record["compute_units"])
     simd_per_cu = record.get("simd_per_cu")
     return record["simd_count"] // simd_per_cu if simd_per_cu else None
 
@@ -277,3 +290,144 @@ def _uevent_value(device: Path, key: str) -> str | None:
         if name == key:
             return value
     return None
+
+
+# --- amd-smi and rocm-smi, where sysfs shows no KFD topology -------------------------------------
+
+
+def probe_with_tools(ctx: ProbeContext) -> ProbeResult:
+    """amd-smi's records when it names each GPU's gfx target, else rocm-smi's; an output that
+    is not their JSON is an error with the tool's name."""
+    for command, parse in (
+        (AMD_SMI_COMMAND, parse_amd_smi_static),
+        (ROCM_SMI_COMMAND, parse_rocm_smi),
+    ):
+        text = ctx.run_command(command)
+        if not text:
+            continue
+        try:
+            records = parse(text)
+        except ValueError as error:
+            return ProbeResult(errors=(ProbeError(SOURCE, f"{command[0]} output: {error}"),))
+        if records:
+            return parse_amd_records(records)
+    return ProbeResult()
+
+
+def gfx_target_version(name: str) -> int | None:
+    """A gfx target as KFD's number: LLVM's names ("gfx906" → 90006, "gfx90a" → 90010,
+    "gfx1151" → 110501) and the decimal spelling older rocm-smi prints, major·1000 + minor·100
+    + stepping ("gfx9010" for an MI250X's gfx90a, "gfx11001" for an RX 7800 XT's gfx1101)."""
+    match = re.fullmatch(r"gfx([0-9a-f]{3,5})", name.strip().lower())
+    if not match:
+        return None
+    digits = match.group(1)
+    if digits.isdigit() and (len(digits) == 5 or (len(digits) == 4 and digits[0] in "89")):
+        major, rest = divmod(int(digits), 1000)
+        minor, stepping = divmod(rest, 100)
+    else:
+        major, minor, stepping = int(digits[:-2]), int(digits[-2], 16), int(digits[-1], 16)
+    return major * 10000 + minor * 100 + stepping
+
+
+def parse_amd_smi_static(text: str) -> list[AmdRecord]:
+    """`amd-smi static --asic --bus --vram --driver --json`: a list of GPUs (ROCm 6) or
+    {"gpu_data": [...]} (ROCm 7). A GPU whose gfx target is not given is left out: without
+    it no build can be chosen (`static -B -b` prints none)."""
+    data = _json(text)
+    entries = data.get("gpu_data", []) if isinstance(data, dict) else data
+    records = []
+    for entry in entries if isinstance(entries, list) else []:
+        asic, bus = entry.get("asic") or {}, entry.get("bus") or {}
+        version = gfx_target_version(str(asic.get("target_graphics_version", "")))
+        if version is None:
+            continue
+        record: AmdRecord = {
+            "gfx_target_version": version,
+            "device_id": _hex_int(asic.get("device_id")),
+            "revision": _hex_int(asic.get("rev_id")),
+            "product_name": _known(asic.get("market_name")),
+            "compute_units": _whole(asic.get("num_compute_units")),
+            "pci_bus_id": _known(bus.get("bdf")),
+            "vram_total_bytes": _mib_bytes(_value((entry.get("vram") or {}).get("size"))),
+            "max_link_width": _whole(bus.get("max_pcie_width")),
+            "max_link_speed": _gt_s(_value(bus.get("max_pcie_speed"))),
+            "driver_version": _known((entry.get("driver") or {}).get("version")),
+        }
+        records.append({key: value for key, value in record.items() if value is not None})
+    return records
+
+
+def parse_rocm_smi(text: str) -> list[AmdRecord]:
+    """`rocm-smi --showproductname --showbus --showmeminfo vram --json`: {"card0": {...}}.
+    A compute-partitioned GPU (MI300X in CPX) is listed once per partition; each PCI bus
+    address counts once."""
+    data = _json(text)
+    if not isinstance(data, dict):
+        raise ValueError("not rocm-smi's JSON (no cards)")
+    cards = sorted((key for key in data if re.fullmatch(r"card\d+", key)), key=lambda k: int(k[4:]))
+    records, seen = [], set()
+    for key in cards:
+        card = data[key]
+        version = gfx_target_version(str(card.get("GFX Version", "")))
+        bus = _known(card.get("PCI Bus"))
+        if version is None or (bus is not None and bus.lower() in seen):
+            continue
+        seen.add(bus.lower() if bus else key)
+        record: AmdRecord = {
+            "gfx_target_version": version,
+            "device_id": _hex_int(card.get("Card Model") or card.get("Device ID")),
+            "revision": _hex_int(card.get("Device Rev")),
+            "product_name": _series_name(card.get("Card Series")),
+            "pci_bus_id": bus.lower() if bus else None,
+            "vram_total_bytes": _whole(card.get("VRAM Total Memory (B)")),
+            "vram_used_bytes": _whole(card.get("VRAM Total Used Memory (B)")),
+        }
+        records.append({k: v for k, v in record.items() if v is not None})
+    return records
+
+
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON ({error.msg})") from error
+
+
+def _known(value: object) -> str | None:
+    text = str(value).strip() if value is not None else ""
+    return text if text and text != "N/A" else None
+
+
+def _series_name(value: object) -> str | None:
+    """rocm-smi's "Card Series" when it is a name (older versions print the PCI id there)."""
+    text = _known(value)
+    return None if text is None or re.fullmatch(r"0x[0-9a-fA-F]+", text) else text
+
+
+def _hex_int(value: object) -> int | None:
+    text = _known(value)
+    return int(text, 16) if text and re.fullmatch(r"0x[0-9a-fA-F]+", text) else None
+
+
+def _whole(value: object) -> int | None:
+    text = _known(value)
+    return int(text) if text and text.isdigit() else None
+
+
+def _value(field: object) -> object:
+    """amd-smi's JSON gives a quantity as {"value": 196592, "unit": "MB"}."""
+    return field.get("value") if isinstance(field, dict) else field
+
+
+def _mib_bytes(value: object) -> int | None:
+    mib = _whole(value)  # amd-smi's "MB" are MiB: an MI300X reports 196592
+    return mib * MIB if mib is not None else None
+
+
+def _gt_s(value: object) -> str | None:
+    """amd-smi's max_pcie_speed (32 for Gen 5) in sysfs's words ("32.0 GT/s PCIe")."""
+    try:
+        return f"{float(str(value)):.1f} GT/s PCIe" if _known(value) else None
+    except ValueError:
+        return None

@@ -317,7 +317,8 @@ def cuda_toolkit_warnings(archs: Sequence[str]) -> tuple[str, ...]:
         listed = ", ".join(f"sm_{code}" for code in old)
         warnings.append(
             f"{listed} needs a CUDA 12.x toolkit: CUDA 13 dropped Maxwell, Pascal and Volta "
-            f"(sm_70). Point CUDACXX at a 12.x nvcc if a newer one is installed."
+            f"(sm_70). Point CUDACXX at a 12.x nvcc if a newer one is installed (PyPI's CUDA 12 "
+            f"wheels hold no nvcc; a distribution's CUDA 12 package does)."
         )
     needed = [version for version in map(_toolkit_for_blackwell, codes) if version]
     newest_needed = max(needed, default=None)
@@ -327,6 +328,29 @@ def cuda_toolkit_warnings(archs: Sequence[str]) -> tuple[str, ...]:
         window = "12.9" if newest_needed == "12.9" else f"{newest_needed}–12.9"
         warnings.append(f"Both old and Blackwell GPUs: only CUDA {window} builds for all of them.")
     return tuple(warnings)
+
+
+@dataclass(frozen=True)
+class CudaToolkitRange:
+    """The CUDA toolkit releases whose nvcc builds for every one of a set of architectures:
+    `first` ("12.0", "12.8", "12.9") to `last` (None: up to the newest; "12.9": CUDA 13
+    dropped an architecture in the set)."""
+
+    first: str
+    last: str | None
+
+    @property
+    def needs_cuda_12(self) -> bool:
+        return self.last is not None and self.last.startswith("12.")
+
+
+def cuda_toolkit_range(archs: Sequence[str]) -> CudaToolkitRange:
+    """Which toolkits can build for `archs` (CMake numbers: "70", "90", "121")."""
+    codes = [int(arch) for arch in archs]
+    needed = [version for version in map(_toolkit_for_blackwell, codes) if version]
+    first = max(needed, default="12.0")
+    last = "12.9" if any(code < 75 for code in codes) else None
+    return CudaToolkitRange(first, last)
 
 
 def _toolkit_for_blackwell(code: int) -> str | None:

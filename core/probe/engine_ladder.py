@@ -170,10 +170,18 @@ def _nothing_passed(attempts: Sequence[Attempt]) -> str:
 
 
 def run_self_test(
-    python: str, model: Path, *, timeout_s: float = SELF_TEST_TIMEOUT_S, threads: int | None = None
+    python: str,
+    model: Path,
+    *,
+    timeout_s: float = SELF_TEST_TIMEOUT_S,
+    threads: int | None = None,
+    gpu_layers: int = -1,
 ) -> SelfTest:
-    """The self-test in a child process of `python` (the environment holding the build)."""
+    """The self-test in a child process of `python` (the environment holding the build).
+    Every layer is offloaded by default: a GPU build proves its kernels on the GPU (a CUDA
+    build without code for this GPU fails only there), a CPU build ignores the request."""
     command = [python, "-m", "hearthside.core.engine.selftest", "--model", str(model)]
+    command += ["--gpu-layers", str(gpu_layers)]
     if threads:
         command += ["--threads", str(threads)]
     started = time.perf_counter()
@@ -300,7 +308,7 @@ def install_build(
     """Compile llama-cpp-python with `build`'s flags and install it into `python`'s
     environment. CPU wheels are kept per set of flags, so a second setup (or CI) installs in
     seconds; pip's own cache cannot be used, since it ignores CMAKE_ARGS."""
-    cache = (wheel_cache or engine_wheel_cache()) / _wheel_key(build, version)
+    cache = wheel_folder(build, version, wheel_cache)
     wheel = _cached_wheel(cache) if build.backend == "cpu" else None
     if wheel is None:
         (say or _say)(
@@ -337,6 +345,12 @@ def _cached_wheel(cache: Path) -> Path | None:
     # llama-cpp-python's wheels are py3-none-<platform> (ctypes): one serves every Python
     matches = sorted(cache.glob("*.whl"))
     return matches[-1] if matches else None
+
+
+def wheel_folder(build: EngineBuild, version: str, wheel_cache: Path | None = None) -> Path:
+    """Where the wheel of `build` at `version` is kept (benchmarks/cuda_build.py puts the
+    CUDA wheels it compiles here too)."""
+    return (wheel_cache or engine_wheel_cache()) / _wheel_key(build, version)
 
 
 def _wheel_key(build: EngineBuild, version: str) -> str:

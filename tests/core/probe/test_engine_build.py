@@ -15,6 +15,7 @@ from hearthside.core.probe.engine_build import (
     EngineBuild,
     GpuTarget,
     choose_build,
+    cuda_toolkit_range,
     gfx_name,
     parse_apple_brand,
     parse_nvidia_smi,
@@ -63,6 +64,19 @@ def test_volta_needs_cuda_12() -> None:
 def test_volta_with_blackwell_narrows_the_toolkit_window() -> None:
     warnings = " ".join(linux(V100, B200).warnings)
     assert "CUDA 12.8–12.9" in warnings
+
+
+def test_the_toolkit_range_is_what_nvcc_can_build_for() -> None:
+    """benchmarks/cuda_build.py picks its toolkit from this: CUDA 13.0 (PyPI) built sm_90,
+    Debian's CUDA 12.4 built sm_70 (docs/gpu.md)."""
+    hopper = cuda_toolkit_range(["90"])
+    assert (hopper.first, hopper.last, hopper.needs_cuda_12) == ("12.0", None, False)
+    volta = cuda_toolkit_range(["70"])
+    assert (volta.first, volta.last, volta.needs_cuda_12) == ("12.0", "12.9", True)
+    assert cuda_toolkit_range(["100"]).first == "12.8"
+    assert cuda_toolkit_range(["100", "121"]).first == "12.9"
+    both = cuda_toolkit_range(["70", "100"])
+    assert (both.first, both.last) == ("12.8", "12.9")
 
 
 def test_amd_uses_gpu_targets_and_warns_about_gfx906() -> None:

@@ -208,6 +208,17 @@ def test_a_child_killed_by_a_real_signal_is_a_crash(tmp_path: Path) -> None:
     assert "segmentation fault" in result.in_words()
 
 
+def test_the_self_test_offloads_every_layer(tmp_path: Path) -> None:
+    """A CUDA build without code for this GPU fails only once layers run on the GPU; a CPU
+    build ignores the request (the real self-test below passes with it)."""
+    echoing_python = tmp_path / "python"
+    echoing_python.write_text('#!/bin/sh\necho "$@" >&2\nexit 1\n')
+    echoing_python.chmod(0o755)
+    result = run_self_test(str(echoing_python), tmp_path / "any.gguf")
+    assert result.status == "failed"
+    assert result.log_tail[-1].endswith("--gpu-layers -1")
+
+
 @pytest.mark.slow
 def test_the_real_self_test_passes_on_the_real_build(chat_model_file: Path) -> None:
     result = run_self_test(sys.executable, chat_model_file)
