@@ -21,6 +21,11 @@ Callers block in `BatchScheduler.wait` and receive their text on their own threa
 them called on the scheduler's thread between steps instead; its caller's thread then wakes
 once, at the end (a thread woken per token on a two-core machine stalls the decode threads).
 
+Every sequence's sampling is timed. One whose tokens cost far more to sample than a decode
+step (a grammar that refuses nearly everything the model wants to write, issue 36) sits out
+steps while others decode, so that its sampling adds at most FAIR_SAMPLING_SHARE of the decode
+time to theirs; it still gets its turns, and decodes at full speed when alone.
+
 Speculative decoding runs while exactly one sequence is generating and nothing else is
 prefilling or waiting: the step is then a verify batch of that sequence's last sample and its
 draft (prompt lookup or a draft model) in its own slot, sampled position by position with its
@@ -46,7 +51,7 @@ import llama_cpp
 import numpy as np
 
 from hearthside.core.engine.config import SamplingParams
-from hearthside.core.engine.grammar_sampling import GrammarLastSampler
+from hearthside.core.engine.grammar_sampling import GrammarLastSampler, shortlist_need
 from hearthside.core.engine.logprobs import LogprobsCallback, TokenLogprob, logits_row
 from hearthside.core.engine.metrics import SpeculationStats
 from hearthside.core.engine.speculative import (
@@ -63,6 +68,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STEP_TARGET_S = 0.08  # a step this long keeps a cancel well inside 250 ms, even on a busy CPU
+# The share of a step's decode time one sequence's sampling may add to everyone's step: a
+# sequence that takes more (a grammar that refuses nearly every token) sits out steps until
+# the others have had that much decode time without it (issue 36).
+FAIR_SAMPLING_SHARE = 0.25
 FIRST_PROMPT_CHUNK = 16  # prompt tokens in a step before any prefill speed is measured
 MIN_PROMPT_CHUNK = 8
 PENALTY_LAST_N = 64  # llama-cpp-python's last_n_tokens_size, so both paths penalise alike
@@ -141,7 +150,14 @@ class SamplerChain:
         if grammar is not None:
             chain, self._chain = self._chain, None
             assert chain is not None
-            self._grammar_last = GrammarLastSampler(chain, grammar, n_vocab)
+            need = shortlist_need(
+                sampling.temperature,
+                sampling.top_k,
+                sampling.repeat_penalty,
+                sampling.frequency_penalty,
+                sampling.presence_penalty,
+            )
+            self._grammar_last = GrammarLastSampler(chain, grammar, n_vocab, need=need)
 
     def _add_choice(self, sampling: SamplingParams) -> None:
         if sampling.temperature == 0:
@@ -313,6 +329,9 @@ class _Sequence:
     decoding: bool = False  # the prompt is in the cache; one token per step from now on
     last_step: int = 0
     sampled: list[int] = field(default_factory=list)  # every token fed to `run`
+    # Seconds its sampling took beyond its fair share of the steps (FAIR_SAMPLING_SHARE);
+    # while above zero it sits out steps that others need.
+    owed_s: float = 0.0
 
 
 @dataclass(eq=False)
@@ -508,9 +527,14 @@ class BatchScheduler:
         if status != 0:
             self._fail_step(plan, status)
             return
-        self._note_prompt_speed(plan, time.perf_counter() - started)
+        decode_s = time.perf_counter() - started
+        self._note_prompt_speed(plan, decode_s)
+        sampling_s = {}
         for planned in plan:
+            sampling_started = time.perf_counter()
             self._advance(planned)
+            sampling_s[planned.sequence] = time.perf_counter() - sampling_started
+        self._settle_sampling_costs(sampling_s, decode_s)
 
     def _plan_batch(self) -> list[_Planned]:
         """Fill the batch: one token for each decoding sequence, then prompt chunks, the
@@ -518,15 +542,15 @@ class BatchScheduler:
         token behind a long document, and starts decoding beside it)."""
         step = next(self._steps)
         room = self._n_batch
+        prefilling = sorted(
+            (s for s in self._running if not s.decoding), key=lambda s: len(s.pending)
+        )
         decoding = sorted(
-            (s for s in self._running if s.decoding), key=lambda s: s.last_step
+            self._decoding_this_step(bool(prefilling)), key=lambda s: s.last_step
         )  # least recently stepped first, should n_batch be below the number of sequences
         plan = [_Planned(sequence, 1) for sequence in decoding[:room]]
         room -= len(plan)
         prompt_room = self._prompt_budget()
-        prefilling = sorted(
-            (s for s in self._running if not s.decoding), key=lambda s: len(s.pending)
-        )
         for sequence in prefilling:
             take = min(len(sequence.pending), room, prompt_room)
             if take <= 0:
@@ -541,6 +565,26 @@ class BatchScheduler:
         for planned in plan:
             planned.sequence.last_step = step
         return plan
+
+    def _decoding_this_step(self, others_prefill: bool) -> list[_Sequence]:
+        """The decoding sequences in this step: those whose sampling owes the others time sit
+        it out, unless nobody else would be served by that."""
+        decoding = [s for s in self._running if s.decoding]
+        paid_up = [s for s in decoding if s.owed_s <= 0]
+        return paid_up if paid_up or others_prefill else decoding
+
+    def _settle_sampling_costs(self, sampling_s: dict[_Sequence, float], decode_s: float) -> None:
+        """Charge each sequence what its sampling took and credit every one its share of the
+        step (issue 36: a grammar that makes a token cost ten decode steps must not make
+        every reply batched beside it ten times slower). A sequence that owes sits out steps
+        until its credit has paid for it; its debt never exceeds its last token's cost, so it
+        is never held back longer than about that cost over the share."""
+        owing = sum(1 for s in self._running if s.owed_s > 0) or 1
+        credit_s = FAIR_SAMPLING_SHARE * decode_s / owing
+        for sequence in self._running:
+            took_s = sampling_s.get(sequence, 0.0)
+            owed_s = sequence.owed_s + took_s - credit_s
+            sequence.owed_s = max(0.0, min(owed_s, max(took_s, sequence.owed_s)))
 
     def _write_batch(self, plan: list[_Planned]) -> None:
         batch = self._batch
