@@ -244,18 +244,20 @@ def llama_cpp_python_defaults(model_path: str) -> EngineConfig:
 
 
 def candidates(base: EngineConfig, profile: HardwareProfile) -> list[EngineConfig]:
-    """The planner's pick first, then one change at a time, then the promising pairs."""
+    """The planner's pick first, then one change at a time, then the promising pairs. The
+    KV-cache types come before the micro-batch sizes: a short budget measures first what
+    changes the memory and quality a person sees, not a few percent of prompt speed."""
     cores = profile.cpu.performance_cores or profile.cpu.physical_cores or 1
     threads = candidate_thread_counts(cores, profile.cpu.logical_cores or cores)
     variants = [base]
     variants += [base.with_changes(n_threads=count) for count in threads]
     variants += [_with_flash(base, not base.flash_attn)]
-    variants += [
-        base.with_changes(n_ubatch=size, n_batch=max(size, base.n_batch)) for size in (128, 256)
-    ]
     variants += [base.with_changes(flash_attn=True, type_k="f16", type_v="f16")]
     variants += [base.with_changes(flash_attn=True, type_k="q8_0", type_v="q8_0")]
     variants += [base.with_changes(flash_attn=True, type_k="q4_0", type_v="q4_0")]
+    variants += [
+        base.with_changes(n_ubatch=size, n_batch=max(size, base.n_batch)) for size in (128, 256)
+    ]
     variants += [
         _with_flash(base.with_changes(n_threads=count), flash)
         for count in threads
@@ -348,8 +350,11 @@ def tune(
         notes += runs.notes
         baseline = next((r for r in runs.runs if _same(r.config, baseline_config)), None)
         python_defaults = next((r for r in runs.runs if _same(r.config, python_config)), None)
-        # the constructor's 512-token context is no choice for chat: a comparison only
-        tuned = [r for r in runs.runs if r is not python_defaults and r.outcome == "ok"]
+        tuned = [
+            r
+            for r in runs.runs
+            if r.outcome == "ok" and _choice_for_chat(r, python_defaults, bool(spec.swa_layers))
+        ]
         quality = None
         if tuned and not stop.is_set():
             quality = _kv_quality(db, model_path, key.model, tuned, rigor, clock, notify)
@@ -424,6 +429,16 @@ def _queue(
     """llama.cpp's defaults (the headline's comparison), the planner's pick, its variations,
     then llama-cpp-python's defaults (a second comparison, when the budget reaches it)."""
     return _unique([baseline, base, *candidates(base, profile), python])
+
+
+def _choice_for_chat(run: RunRecord, python_defaults: RunRecord | None, uses_swa: bool) -> bool:
+    """Whether a measured run may be the pick. Comparisons only: llama-cpp-python's defaults
+    (a 512-token context) and, on a sliding-window model, a window-sized cache (llama.cpp's
+    defaults): there every chat turn would read the whole conversation again, and the
+    context audit finds the early positions gone."""
+    if run is python_defaults:
+        return False
+    return not uses_swa or bool(run.config.get("swa_full", True))
 
 
 def _role(baseline: EngineConfig, python: EngineConfig, config: EngineConfig) -> Baseline:

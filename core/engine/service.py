@@ -422,9 +422,11 @@ class EngineService:
             job.future.set_exception(JobCancelledError("Hearthside is shutting down."))
 
     def _unload(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        # Forgotten before it is closed: once its worker has ended, nobody may still read the
+        # model as loaded (GET /v1/models right after an idle unload).
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 
 
 def _gave_up_text(what: str) -> str:

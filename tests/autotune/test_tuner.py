@@ -6,7 +6,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import psutil
@@ -108,6 +108,31 @@ def test_a_tuning_run_is_stored_and_answers_the_next_one(
         assert {_measured(e) for e in measured if e.workload is None} <= reused
         assert second.baseline is not None
         assert second.baseline.id == first.baseline.id
+
+
+def test_on_a_sliding_window_model_llama_cpps_window_sized_cache_is_never_the_pick(
+    profile,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """llama.cpp's defaults keep a window-sized cache on a sliding-window model (as llama-bench
+    does): a chat would read the whole conversation again each turn, and the audit finds the
+    early positions gone. Even measured 100x faster, it stays the comparison."""
+    from hearthside.autotune import tuner
+
+    monkeypatch.setattr(tuner, "candidates", lambda base, _profile: [base])
+    model = write_synthetic_gguf(tmp_path / "tiny-gemma3.gguf", "tiny-gemma3", "Q8_0")
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        first = tune(model, profile, budget_s=30, wisdom=wisdom, speculation=False)
+        assert first.baseline is not None and first.best is not None
+        assert first.baseline.config["swa_full"] is False
+        # the same settings measured again, far faster: the next run reuses this figure
+        faster = 100 * (first.baseline.decode_tps or 0)
+        wisdom.record_run(replace(first.baseline, id=None, created_at="", decode_tps=faster))
+        second = tune(model, profile, budget_s=5, wisdom=wisdom, speculation=False)
+    assert second.baseline is not None and second.baseline.decode_tps == faster
+    assert second.best is not None and second.best.config["swa_full"] is True
+    assert second.speedup is not None and second.speedup < 0.1  # and says it is slower
 
 
 def _measured(event: TuneEvent) -> tuple[str | None, str]:

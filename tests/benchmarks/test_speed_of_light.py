@@ -16,13 +16,21 @@ def rounds(ours: float, native: float) -> list[object]:
 
 def test_shares_within_15_percent_on_a_bandwidth_bound_model_pass() -> None:
     light = benchmark("speed_of_light")
-    assert status(light.targets(rounds(12.0, 13.5), "memory bandwidth")) == 0
+    assert status(light.targets(rounds(15.0, 16.0), "memory bandwidth")) == 0
 
 
 def test_shares_more_than_15_percent_apart_fail_either_way() -> None:
     light = benchmark("speed_of_light")
-    assert status(light.targets(rounds(10.0, 12.5), "memory bandwidth")) == 1
-    assert status(light.targets(rounds(12.5, 10.0), "memory bandwidth")) == 1
+    assert status(light.targets(rounds(12.0, 15.0), "memory bandwidth")) == 1
+    assert status(light.targets(rounds(18.0, 15.0), "memory bandwidth")) == 1
+
+
+def test_llama_bench_far_from_the_planners_bandwidth_limit_fails() -> None:
+    # the meter and llama-bench agree, but both are far from the limit the planner computes:
+    # the limit itself is wrong (too high, then too low)
+    light = benchmark("speed_of_light")
+    assert status(light.targets(rounds(12.0, 13.0), "memory bandwidth")) == 1
+    assert status(light.targets(rounds(23.0, 23.0), "memory bandwidth")) == 1
 
 
 def test_a_model_that_is_not_bandwidth_bound_fails() -> None:
