@@ -5,7 +5,8 @@ with its own `n_ctx` KV cells (`kv_unified` off, like llama-server's slots). `Ba
 owns generation on it. Its thread runs steps; each step is ONE `llama_decode` over a batch
 that holds the next token of every generating sequence and a chunk of the prompt of newly
 admitted ones, followed by one sample per sequence from that sequence's own sampler chain.
-Prompt chunks are sized so that a step takes about `STEP_TARGET_S`: a long prompt never
+Prompt chunks are sized so that they add about `STEP_TARGET_S` to a step (or one plain
+step's time, where a step without prompt tokens takes longer than that): a long prompt never
 holds up the others for its whole length (decoding sequences get their token every step,
 shorter prompts go first), and a cancel (checked between steps) lands fast.
 
@@ -72,7 +73,7 @@ STEP_TARGET_S = 0.08  # a step this long keeps a cancel well inside 250 ms, even
 # sequence that takes more (a grammar that refuses nearly every token) sits out steps until
 # the others have had that much decode time without it (issue 36).
 FAIR_SAMPLING_SHARE = 0.25
-FIRST_PROMPT_CHUNK = 16  # prompt tokens in a step before any prefill speed is measured
+FIRST_PROMPT_CHUNK = 16  # prompt tokens in a step before any step is timed
 MIN_PROMPT_CHUNK = 8
 PENALTY_LAST_N = 64  # llama-cpp-python's last_n_tokens_size, so both paths penalise alike
 _WAIT_POLL_S = 0.5
@@ -371,7 +372,8 @@ class BatchScheduler:
         self._closing = False
         self._uses = itertools.count(1)
         self._steps = itertools.count(1)
-        self._prompt_tok_s: float | None = None
+        self._prompt_chunk = FIRST_PROMPT_CHUNK  # prompt tokens a step may carry
+        self._plain_step_s: float | None = None  # what a step without prompt tokens takes
         # Held while the loop uses the draft, so a draft being replaced is never in use.
         self._draft_lock = threading.Lock()
         self._draft = draft
@@ -528,12 +530,13 @@ class BatchScheduler:
             self._fail_step(plan, status)
             return
         decode_s = time.perf_counter() - started
-        self._note_prompt_speed(plan, decode_s)
+        self._note_step_speed(plan, decode_s)
         sampling_s = {}
         for planned in plan:
-            sampling_started = time.perf_counter()
+            # CPU time: on a busy machine a sampler that was merely descheduled owes nothing.
+            sampling_started = time.thread_time()
             self._advance(planned)
-            sampling_s[planned.sequence] = time.perf_counter() - sampling_started
+            sampling_s[planned.sequence] = time.thread_time() - sampling_started
         self._settle_sampling_costs(sampling_s, decode_s)
 
     def _plan_batch(self) -> list[_Planned]:
@@ -550,7 +553,7 @@ class BatchScheduler:
         )  # least recently stepped first, should n_batch be below the number of sequences
         plan = [_Planned(sequence, 1) for sequence in decoding[:room]]
         room -= len(plan)
-        prompt_room = self._prompt_budget()
+        prompt_room = self._prompt_chunk
         for sequence in prefilling:
             take = min(len(sequence.pending), room, prompt_room)
             if take <= 0:
@@ -604,20 +607,22 @@ class BatchScheduler:
                 planned.output = index - 1
         batch.n_tokens = index
 
-    def _prompt_budget(self) -> int:
-        if self._prompt_tok_s is None:
-            return FIRST_PROMPT_CHUNK
-        return max(MIN_PROMPT_CHUNK, int(self._prompt_tok_s * self._step_target_s))
-
-    def _note_prompt_speed(self, plan: list[_Planned], elapsed_s: float) -> None:
-        # Prompt tokens per second of whole steps (decode tokens included): the budget that
-        # follows makes a step last about the target, whatever else it carries.
-        prompt_tokens = sum(planned.count for planned in plan if planned.prompt)
-        if prompt_tokens == 0 or elapsed_s <= 0:
+    def _note_step_speed(self, plan: list[_Planned], elapsed_s: float) -> None:
+        """Learn what a step without prompt tokens costs, and size the next prompt chunk by
+        what this one added to its step (`next_prompt_chunk`)."""
+        if elapsed_s <= 0:
             return
-        rate = prompt_tokens / elapsed_s
-        previous = self._prompt_tok_s
-        self._prompt_tok_s = rate if previous is None else (previous + rate) / 2
+        prompt_tokens = sum(planned.count for planned in plan if planned.prompt)
+        if prompt_tokens == 0:
+            self._plain_step_s = _averaged(self._plain_step_s, elapsed_s)
+            return
+        self._prompt_chunk = next_prompt_chunk(
+            self._prompt_chunk,
+            prompt_tokens,
+            added_s=elapsed_s - (self._plain_step_s or 0.0),
+            allowed_s=max(self._step_target_s, self._plain_step_s or 0.0),
+            n_batch=self._n_batch,
+        )
 
     def _advance(self, planned: _Planned) -> None:
         sequence = planned.sequence
@@ -861,6 +866,34 @@ class BatchScheduler:
             request.fail(unloaded)
         for done in clears:
             done.set()
+
+
+def next_prompt_chunk(
+    chunk: int, prompt_tokens: int, *, added_s: float, allowed_s: float, n_batch: int
+) -> int:
+    """The prompt tokens the next step may carry, after a step whose `prompt_tokens` added
+    `added_s` to what a step without them takes. `allowed_s` is the step target, or one plain
+    step where that takes longer: a decoding neighbour then waits about twice its usual step
+    for its token, three times at worst, and a cancel lands within a few steps.
+
+    The chunk doubles while it adds no more than that, and halves once it adds twice as much:
+    a bigger chunk costs less per token (a step's fixed cost is shared), so its size is found
+    by trying, not computed from a rate, and one slow step only halves it. It was once sized
+    from prompt tokens over the *whole* step's time: a step's fixed cost (the decode tokens
+    beside the prompt, and whatever a busy machine adds to every step) read as slow prefill,
+    the next chunk was smaller, small chunks cost more per token, and on a loaded machine the
+    chunks fell to the minimum for good. Four requests that arrived together then got their
+    first tokens over 12-25 steps of 8 tokens, 15-30 s on a busy machine (issue 31's stall;
+    llama-server starts all four in one step)."""
+    if added_s > 2 * allowed_s:
+        return max(MIN_PROMPT_CHUNK, chunk // 2)
+    if prompt_tokens >= chunk and added_s <= allowed_s:
+        return min(n_batch, 2 * chunk)
+    return chunk
+
+
+def _averaged(previous: float | None, latest: float) -> float:
+    return latest if previous is None else (previous + latest) / 2
 
 
 def _shared_prefix(cached: list[int], prompt: list[int]) -> int:
