@@ -1,10 +1,15 @@
 """`hearthside tune MODEL`: measure settings on this machine and keep the fastest.
 
 Each candidate is loaded and measured with the real engine (llama-bench style); every result
-is stored in the autotune DB, and the winner becomes the model's default here. Each run's
+is stored in the autotune DB, and the winner becomes the model's default here, unless the
+measurements' repetitions say other programs were busy: then it says so, stores no default and
+exits 0 (`autotune/busy.py`). Each run's
 quality (mean KL divergence, top-1 agreement and perplexity against the file with an f16 KV
 cache) is shown beside its speed, and the goal chooses by both (`autotune/goals.py`). Compared
 with llama.cpp's own defaults and llama-cpp-python's, measured the same way, in the same run.
+The verdict is the wizard's (`optimize.verdict`): a candidate the budget cut off is "not
+measured", never failed, and "the defaults are already the best here" only when every
+candidate predicted to beat them was measured.
 The model's installed quant variants are measured too, at the best settings found for the file
 (f16 KV), with their quality against it; when one wins, it is named as the pick.
 """
@@ -20,6 +25,7 @@ from dataclasses import asdict
 from typing import get_args
 
 from hearthside.app.progress import ProgressLine
+from hearthside.autotune.busy import busy_text
 from hearthside.autotune.goals import source_text
 from hearthside.autotune.optimize import (
     MeasureRequest,
@@ -27,9 +33,12 @@ from hearthside.autotune.optimize import (
     TuneEvent,
     TuneResult,
     VariantRun,
+    coverage_text,
     measure,
+    untested_rivals,
     variant_pick_text,
     variant_text,
+    verdict,
 )
 from hearthside.autotune.planner import Goal
 from hearthside.autotune.records import RunRecord
@@ -87,7 +96,8 @@ def _run_tune(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(result_as_dict(result), indent=1) + "\n")
     else:
         print(describe_result(result))
-    return 0 if result.best is not None else 1
+    # a busy machine is a finding, not a failure: said, and nothing stored
+    return 0 if result.best is not None or result.busy is not None else 1
 
 
 def _show(line: ProgressLine, update: MeasureUpdate) -> None:
@@ -103,6 +113,8 @@ def _event_text(event: TuneEvent) -> str:
     )
     if event.kind == "quality":
         return f"quality: {event.message}"
+    if event.kind == "unmeasured":
+        return f"[{event.index}/{event.total}] not measured: {what}"
     if event.variant:
         what = f"{event.variant} (variant), {what}"
     measured = f" → {event.decode_tps:.1f} tok/s" if event.decode_tps else ""
@@ -128,6 +140,11 @@ def result_as_dict(result: TuneResult) -> dict[str, object]:
         "chosen_variant": _variant_dict(result.chosen_variant, result),
         "variants": [_variant_dict(variant, result) for variant in result.variants],
         "runs": [_run_dict(run, result) for run in result.runs],
+        "busy": result.busy,  # why other programs seem busy: then nothing was stored
+        "verdict": verdict(result)[0],
+        # the candidates the budget cut off: neither measured nor failed
+        "not_measured": [asdict(candidate) for candidate in result.not_measured],
+        "candidates": result.candidates,
     }
 
 
@@ -156,7 +173,9 @@ def _run_dict(run: RunRecord | None, result: TuneResult) -> dict[str, object] | 
 
 
 def describe_result(result: TuneResult) -> str:
-    lines = [f"Measured {len(result.runs)} settings (goal {result.goal})."]
+    measured = sum(1 for run in result.runs if run.outcome == "ok")
+    settings = "setting" if measured == 1 else "settings"
+    lines = [f"Measured {measured} {settings} (goal {result.goal})."]
     if result.quality is not None:
         lines.append(
             f"Quality vs {result.quality.reference}: mean KL divergence (budget "
@@ -168,6 +187,7 @@ def describe_result(result: TuneResult) -> str:
             f"  {_file_text(run, result)}{_settings_text(run.config)}  {_outcome_text(run)}"
             f"{quality}{_mark(run, result)}"
         )
+    lines.extend(_not_measured_lines(result))
     if result.variants:
         lines.append("Quant variants, at the best settings for the tuned file (f16 KV):")
         lines.extend(f"  {variant_text(result, variant)}" for variant in result.variants)
@@ -181,8 +201,22 @@ def describe_result(result: TuneResult) -> str:
     return "\n".join(lines)
 
 
+def _not_measured_lines(result: TuneResult) -> list[str]:
+    cut = result.not_measured
+    if not cut:
+        return []
+    rivals = len(untested_rivals(result))
+    some = "1 candidate" if len(cut) == 1 else f"{len(cut)} candidates"
+    return [
+        f"Not measured (cut off by the time budget, or a stop): {some}, {rivals} of them "
+        "predicted about as fast as llama.cpp's defaults or faster."
+    ]
+
+
 def _comparison_lines(result: TuneResult) -> list[str]:
-    lines = []
+    headline = verdict(result)[0]
+    coverage = coverage_text(result)
+    lines = [f"{headline}."] + ([f"{coverage}."] if coverage and coverage != headline else [])
     if result.speedup is not None:
         lines.append(f"Chosen settings decode {result.speedup:.2f}x llama.cpp's defaults.")
     if result.speedup_over_python_defaults is not None:
@@ -198,7 +232,9 @@ def _comparison_lines(result: TuneResult) -> list[str]:
             f"The quality budget cost {cost - 1:.0%} of decode speed: {what} moved the "
             f"answers more than a mean KLD of {result.kld_budget} (or was not measured)."
         )
-    if result.chosen_variant is not None:
+    if result.busy is not None:
+        lines.append(f"Nothing was stored as a default. {busy_text(result.busy)}")
+    elif result.chosen_variant is not None:
         lines.append(variant_pick_text(result))
     elif result.best is not None:
         lines.append("They are now this model's default on this machine.")
@@ -254,6 +290,8 @@ def _settings_text(config: dict[str, object]) -> str:
 
 
 def _outcome_text(run: RunRecord) -> str:
+    if run.outcome == "timeout":  # cut off by the budget: no failure
+        return f"not measured: {run.error}"
     if run.outcome != "ok":
         return f"{run.outcome}: {run.error}"
     return f"{run.decode_tps or 0:6.1f} tok/s decode, {run.prefill_tps or 0:6.0f} tok/s prefill"

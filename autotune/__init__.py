@@ -26,6 +26,7 @@ DOOR = "door"
 PARTS: dict[str, str] = {
     # plan
     "backoff": PLAN,
+    "busy": PLAN,
     "calibration_figures": PLAN,
     "cpu_costs": PLAN,
     "goals": PLAN,

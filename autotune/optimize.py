@@ -14,7 +14,9 @@ the plan (pure), the measure part (the engines) and the store (`wisdom.db`).
   calibration alone, the same steps for the wizard and `hearthside calibrate`: it stores the
   report in the autotune DB and returns it. `apply_tuning` stores the winner.
 - Around them are the facts the wizard's pages show (the `model_choices`, a catalog model's
-  plan) and the words of its result (`verdict`, `settings_rows`, `quality_row`,
+  plan) and the words of its result (`verdict` — "the defaults are already the best here"
+  only when every candidate predicted to beat them was measured, else `coverage_text`'s
+  "Measured N of M — about X more minutes would test the rest" —, `settings_rows`, `quality_row`,
   `measured_reasons`, `audit_text`, and for the model's quant variants `variant_text` /
   `variant_pick_text`).
 
@@ -25,12 +27,14 @@ engine job. A recorded run to replay for screenshots lives with the screenshots
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from hearthside.autotune.busy import busy_from_calibration, busy_text, joined
 from hearthside.autotune.calibration import read_machine_context, store_calibration
 from hearthside.autotune.family_quality import kv_priors_of, variant_qualities
 from hearthside.autotune.fingerprint import TuningKey, tuning_key
@@ -43,6 +47,7 @@ from hearthside.autotune.speed_limit import SpeedOfLight
 
 # The tuner's result and events, for the callers of `measure` (the CLI, the wizard).
 from hearthside.autotune.tuner import TUNING_CONTEXT as TUNING_CONTEXT
+from hearthside.autotune.tuner import NotMeasured as NotMeasured
 from hearthside.autotune.tuner import TuneEvent as TuneEvent
 from hearthside.autotune.tuner import TuneResult as TuneResult
 from hearthside.autotune.tuner import VariantRun as VariantRun
@@ -361,9 +366,50 @@ def audit_text(result: TuneResult) -> str:
 
 
 def verdict(result: TuneResult) -> tuple[str, str]:
-    """The result page's headline and the line under it (which names a winning variant)."""
+    """The result page's headline and the line under it (which names a winning variant), and
+    how many candidates were measured when the budget cut some off."""
     headline, detail = _verdict(result)
+    coverage = coverage_text(result)
+    if coverage and headline != coverage:
+        detail += f" {coverage}."
     return headline, detail + _pick_text(result)
+
+
+def coverage_text(result: TuneResult) -> str:
+    """E.g. "Measured 1 of 10 — about 2 more minutes would test the rest"; "" when the budget
+    cut no candidate off."""
+    if not result.not_measured:
+        return ""
+    measured = sum(
+        1 for run in result.runs if run.outcome == "ok" and run.key.model == result.key.model
+    )
+    total = max(result.candidates, measured + len(result.not_measured))
+    return f"Measured {measured} of {total} — {_more_time(result)} would test the rest"
+
+
+def _more_time(result: TuneResult) -> str:
+    seconds = result.candidate_s * len(result.not_measured)
+    if seconds <= 0:  # nothing measured now to time a candidate by
+        return "more time"
+    minutes = math.ceil(seconds / 60)
+    return f"about {minutes} more minute{'s' if minutes != 1 else ''}"
+
+
+def untested_rivals(result: TuneResult) -> list[NotMeasured]:
+    """The candidates cut off that might beat llama.cpp's defaults: predicted at least about
+    as fast (within measurement noise: the planner cannot tell them apart), or not predicted.
+    Predicted against the defaults' own prediction, so the cost model's error cancels."""
+    defaults = (result.baseline.predicted or {}).get("decode_tps") if result.baseline else None
+    return [
+        candidate
+        for candidate in result.not_measured
+        if candidate.baseline == ""  # the defaults are no rival of themselves
+        and (
+            not defaults
+            or candidate.predicted_decode_tps is None
+            or candidate.predicted_decode_tps > defaults * SAME_SPEED_BAND[0]
+        )
+    ]
 
 
 def _verdict(result: TuneResult) -> tuple[str, str]:
@@ -376,11 +422,7 @@ def _verdict(result: TuneResult) -> tuple[str, str]:
         )
     same = baseline is not None and config_key(best.config) == config_key(baseline.config)
     if same and result.chosen_variant is None:
-        return (
-            "llama.cpp's defaults are already the best here",
-            "Hearthside keeps them; Apply stores them as this model's default."
-            + _quality_budget_text(result),
-        )
+        return _defaults_verdict(result)
     speedup = result.speedup
     measured = f"{best.decode_tps or 0:.1f} tok/s"
     if speedup is None or baseline is None:
@@ -403,6 +445,27 @@ def _verdict(result: TuneResult) -> tuple[str, str]:
         f"Decode: {compared}. A busy computer skews measurements: close other work and "
         "measure again, or Apply only if you need the chosen settings' "
         f"{_context_gain(best, baseline)}.",
+    )
+
+
+def _defaults_verdict(result: TuneResult) -> tuple[str, str]:
+    """llama.cpp's defaults measured fastest: the best here only when every candidate that
+    might beat them was measured too."""
+    rivals = untested_rivals(result)
+    if not rivals:
+        return (
+            "llama.cpp's defaults are already the best here",
+            "Hearthside keeps them; Apply stores them as this model's default."
+            + _quality_budget_text(result),
+        )
+    some = "1 setting" if len(rivals) == 1 else f"{len(rivals)} settings"
+    were = "was" if len(rivals) == 1 else "were"
+    return (
+        coverage_text(result),
+        f"llama.cpp's defaults were the fastest of those measured, but {some} predicted to "
+        f"be about as fast or faster {were} not measured, so it is not known whether the "
+        "defaults are the best here. Apply stores them as this model's default; measure with "
+        "more time to test the rest." + _quality_budget_text(result),
     )
 
 
@@ -561,7 +624,10 @@ def total_memory_bytes(memory: Mapping[str, Any] | None) -> int | None:
 
 
 def apply_tuning(result: TuneResult) -> None:
-    """Store the winner (and the speculation it measured) as the model's default here."""
+    """Store the winner (and the speculation it measured) as the model's default here; never
+    from a run that other programs disturbed (`TuneResult.busy`)."""
+    if result.busy is not None:
+        raise HearthsideError("Nothing was stored.", hint=busy_text(result.busy))
     with WisdomDB() as db:
         if not save_tuned_defaults(db, result):
             raise HearthsideError("There is nothing to apply.", hint="Measure a model first.")
@@ -582,21 +648,23 @@ def tuned_speed_of_light(result: TuneResult, profile: HardwareProfile) -> SpeedO
 def measure(
     request: MeasureRequest, cancel: threading.Event, post: Callable[[MeasureUpdate], None]
 ) -> TuneResult | None:
-    """Calibrate if asked, then tune; every step reported through `post`."""
+    """Calibrate if asked, then tune; every step reported through `post`. A calibration that
+    other programs disturbed marks the result busy (`TuneResult.busy`): no default is stored."""
     post(MeasureUpdate("started"))
     if request.model_path is not None and not request.model_path.is_file():
         raise ModelFileError(
             f"The model file is missing ({request.model_path.name}).",
             hint="Add it again on the Models page, or choose another model.",
         )
+    calibration_busy = None
     if request.calibrate:  # a whole calibration: the wizard never stores a quick one
         whole = CalibrationRequest(request.profile, request.model_path, CALIBRATION_BUDGET_S)
-        calibrate(whole, post)
+        calibration_busy = busy_from_calibration(calibrate(whole, post))
     if request.model_path is None or cancel.is_set():
         return None
     key = tuning_key(request.profile, request.model_path)
     with WisdomDB() as db:
-        return tune(
+        result = tune(
             request.model_path,
             request.profile,
             goal=request.goal,
@@ -605,9 +673,10 @@ def measure(
             rigor=request.rigor,
             listener=lambda event: post(candidate_update(event, db, key)),
             cancel=cancel,
-            save_default=request.save_default,
+            save_default=request.save_default and calibration_busy is None,
             key=key,
         )  # the winner's context check included, within the budget (its notes say if not)
+    return replace(result, busy=joined(calibration_busy, result.busy))
 
 
 def calibrate(

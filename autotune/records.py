@@ -49,6 +49,9 @@ class RunRecord:
     error: str | None = None
     created_at: str = ""
     id: int | None = None
+    # (max - min) / median of its repetitions, the worse of prefill's and decode's: how far
+    # they disagreed (`autotune/busy.py`); None for a run measured otherwise or before it
+    repeat_spread: float | None = None
 
     @property
     def config_key(self) -> str:

@@ -15,11 +15,16 @@ headline's), llama-cpp-python's last. The whole run keeps one time budget
 candidates, the quality of their KV-cache types (`tune_quality.py`), the model's installed
 quant variants (one run each at the best settings found for the file, f16 KV, and their quality
 against it), speculation, the winner's context audit, each with a deadline; a measurement past
-its deadline is stopped and recorded as `timeout`, and what was cut is in `TuneResult.notes`.
+its deadline is stopped and recorded as `timeout`, and what was cut is in `TuneResult.notes`;
+a candidate stopped so, or never started, is "not measured" (`TuneResult.not_measured`, an
+`unmeasured` event), never a failure.
 The goal picks the winner among all the runs, variants' too, by speed and quality (`goals.py`:
 "fastest" is the fastest within a KLD budget). Measured over predicted speed updates the
-machine's efficiency factors, and the winner becomes its file's default on this machine.
-Progress goes to a listener (the CLI's progress line, the GUI wizard's chart).
+machine's efficiency factors, and the winner becomes its file's default on this machine,
+unless the repetitions disagreed beyond their noise bound (`busy.py`): then other programs
+were busy, `TuneResult.busy` says why, no default is saved, and a later run measures those
+settings again instead of reusing them. Progress goes to a listener (the CLI's progress line,
+the GUI wizard's chart).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any, Literal
 
 import psutil
 
+from hearthside.autotune.busy import busy_from_runs, repeats_disagree
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.capacity import CapacityAudit, audit_context_within
 from hearthside.autotune.family_quality import kv_priors
@@ -106,8 +112,12 @@ from hearthside.core.errors import EngineCrashedError, EngineError, EngineOutOfM
 from hearthside.core.models.spec import ModelSpec, spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.kernels.engine_run import candidate_thread_counts
+from hearthside.kernels.measurement import spread_of
 
-EventKind = Literal["start", "measured", "reused", "skipped", "failed", "quality", "done"]
+# "unmeasured": a candidate the budget cut off (never started, or stopped at its deadline)
+EventKind = Literal[
+    "start", "measured", "reused", "skipped", "failed", "unmeasured", "quality", "done"
+]
 Baseline = Literal["", "llama.cpp", "llama-cpp-python"]
 
 
@@ -146,6 +156,18 @@ Listener = Callable[[TuneEvent], None]
 
 
 @dataclass(frozen=True)
+class NotMeasured:
+    """A candidate the budget (or a stop) cut off: never started, or stopped at its deadline
+    (`started`: its run is a `timeout`). Neither measured nor failed: nothing is known of its
+    speed but its prediction."""
+
+    config: dict[str, Any]
+    predicted_decode_tps: float | None
+    baseline: Baseline = ""  # whose defaults it is, if anyone's
+    started: bool = False
+
+
+@dataclass(frozen=True)
 class VariantRun:
     """An installed quant variant of the tuned file, measured at its best settings with an
     f16 KV cache: its runs are under `model` (their `key.model`), its quality against the
@@ -176,6 +198,14 @@ class TuneResult:
     variants: tuple[VariantRun, ...] = ()  # the model's quant variants tried
     file_best: RunRecord | None = None  # the pick among the tuned file's own runs
     model_path: str = ""  # the tuned file
+    # why other programs seem to have been busy while measuring (`autotune/busy.py`): then no
+    # default is stored from this run; None when the repeats agreed
+    busy: str | None = None
+    # the candidates cut off before they were measured, of `candidates` in the queue; a
+    # measured one took about `candidate_s` (0: none was measured now)
+    not_measured: tuple[NotMeasured, ...] = ()
+    candidates: int = 0
+    candidate_s: float = 0.0
 
     @property
     def chosen_variant(self) -> VariantRun | None:
@@ -302,8 +332,9 @@ def tune(
     workload's choice goes into the saved default, every workload's into its own default,
     `speculative_key`), then the winner's context audit. What did not fit is in `notes`.
     `workloads` defaults to the shipped ones (`assets/speculative_prompts.json`). With
-    `save_default=False` nothing is saved as a default (the wizard saves on Apply); runs are
-    always recorded. `key` is the model's tuning key when the caller has computed it.
+    `save_default=False` nothing is saved as a default (the wizard saves on Apply), nor when
+    other programs were busy (`TuneResult.busy`); runs are always recorded. `key` is the
+    model's tuning key when the caller has computed it.
     `variants` are the model's quant variants to try at the best settings found for the file
     (None: those installed, `installed_variants`); when one wins, its file is the pick and the
     winner is saved as that file's default (the tuned file keeps its own pick as its default).
@@ -342,12 +373,13 @@ def tune(
         predictions = predicted_speeds(spec, profile, queue, calibration)
         audit_s = estimated_audit_s(base.n_ctx, planned.speed.prefill_tps, planned.speed.decode_tps)
         clock.split(audit_s, speculation=speculation, variants=bool(variants))
-        roles = partial(_role, baseline_config, python_config)
-        announce = _with_roles(notify, [roles(config) for config in queue])
+        roles = [_role(baseline_config, python_config, config) for config in queue]
+        announce = _with_roles(notify, roles)
         runs = _measure_candidates(
             db, key, queue, predictions, rigor, planned, clock, announce, stop
         )
         notes += runs.notes
+        not_measured = _not_measured(queue, predictions, roles, runs)
         baseline = next((r for r in runs.runs if _same(r.config, baseline_config)), None)
         python_defaults = next((r for r in runs.runs if _same(r.config, python_config)), None)
         tuned = [
@@ -391,10 +423,11 @@ def tune(
             )
             notes += _speculation_notes(decisions, clock)
         audit = None
+        busy = busy_from_runs((*runs.runs, *tried.runs), best, baseline)
         if best is None and not stop.is_set():
             notes += _no_winner_notes(speculation)
         if best is not None:
-            if save_default:
+            if save_default and busy is None:
                 _save_all(db, key, best, own.best, goal, decisions)
             if not stop.is_set():
                 audit, audit_note = _audit(db, winner_key, winner_path, best, clock)
@@ -417,6 +450,10 @@ def tune(
             tried.variants,
             own.best,
             str(model_path),
+            busy,
+            not_measured,
+            len(queue),
+            runs.typical_s,
         )
     finally:
         if owned:
@@ -609,6 +646,7 @@ class _Measured:
     runs: list[RunRecord]
     notes: list[PhaseNote]
     typical_s: float = 0.0  # how long a measured candidate took (0: all answered from the DB)
+    reached: int = 0  # how many of the queue were started (or answered from the DB)
 
 
 def _measure_candidates(
@@ -624,22 +662,25 @@ def _measure_candidates(
 ) -> _Measured:
     """The queue in order until the candidates' deadline: llama-cpp-python's defaults (with
     half the time before speculation's deadline) and the planner's pick (until the end)
-    always, the others while one more as long as the typical one so far still fits."""
+    always, the others while one more as long as the typical one so far still fits. Those
+    left are announced as not measured."""
     runs: list[RunRecord] = []
     durations: list[float] = []
     for index, config in enumerate(queue, start=1):
+        typical_s = statistics.median(durations) if durations else 0.0
         if stop.is_set():
-            break
+            _announce_unmeasured(queue, predictions, index, notify, "measuring was stopped")
+            return _Measured(runs, [], typical_s, index - 1)
         always = index <= 2
         deadline = _deadline(index, clock)
-        typical_s = statistics.median(durations) if durations else 0.0
         if not always and clock.now() + typical_s > deadline:
             share = clock.candidates_end - clock.started
             why = (
                 f"tried {index - 1} of {len(queue)}: the {max(share, 0):.0f} s of the "
                 f"budget for candidates ran out (one takes about {typical_s:.1f} s here)"
             )
-            return _Measured(runs, [PhaseNote("candidates", why)], typical_s)
+            _announce_unmeasured(queue, predictions, index, notify, "the time budget ran out")
+            return _Measured(runs, [PhaseNote("candidates", why)], typical_s, index - 1)
         started = clock.now()
         watchdog = Watchdog(deadline + clock.grace_s)
         predicted = predictions[index - 1]
@@ -648,7 +689,43 @@ def _measure_candidates(
             runs.append(run)
             if clock.now() - started > 0.5:  # measured now, not answered from the DB
                 durations.append(clock.now() - started)
-    return _Measured(runs, [], statistics.median(durations) if durations else 0.0)
+    typical_s = statistics.median(durations) if durations else 0.0
+    return _Measured(runs, [], typical_s, len(queue))
+
+
+def _announce_unmeasured(
+    queue: Sequence[EngineConfig],
+    predictions: Sequence[SpeedEstimate | None],
+    first: int,
+    notify: Listener,
+    why: str,
+) -> None:
+    """Each candidate from the 1-based `first` on as not measured, with its prediction."""
+    for index in range(first, len(queue) + 1):
+        speed = predictions[index - 1]
+        predicted = speed.decode_tps if speed is not None else None
+        settings = queue[index - 1].to_dict()
+        message = f"not measured: {why}"
+        notify(TuneEvent("unmeasured", index, len(queue), settings, predicted, message=message))
+
+
+def _not_measured(
+    queue: Sequence[EngineConfig],
+    predictions: Sequence[SpeedEstimate | None],
+    roles: Sequence[Baseline],
+    measured: _Measured,
+) -> tuple[NotMeasured, ...]:
+    """The candidates cut off: stopped at their deadline (a `timeout` run) or never started."""
+    timed_out = {config_key(run.config) for run in measured.runs if run.outcome == "timeout"}
+    cut = []
+    for position, config in enumerate(queue):
+        settings = config.to_dict()
+        started = config_key(settings) in timed_out
+        if started or position >= measured.reached:
+            speed = predictions[position]
+            predicted = speed.decode_tps if speed is not None else None
+            cut.append(NotMeasured(settings, predicted, roles[position], started))
+    return tuple(cut)
 
 
 def _no_winner_notes(speculation: bool) -> list[PhaseNote]:
@@ -681,8 +758,8 @@ def _speculation_notes(
 
 def save_tuned_defaults(db: WisdomDB, result: TuneResult) -> bool:
     """What `tune(save_default=True)` saves, for a caller that tuned with False (the wizard,
-    on Apply). False when there was no winner to save."""
-    if result.best is None:
+    on Apply). False when there was no winner to save, or other programs were busy."""
+    if result.best is None or result.busy is not None:
         return False
     _save_all(db, result.key, result.best, result.file_best, result.goal, result.speculation)
     return True
@@ -814,7 +891,8 @@ def _try(
             )
         )
         return None
-    if (known := db.lookup(key, settings, rigor)) is not None:
+    known = db.lookup(key, settings, rigor)
+    if known is not None and not repeats_disagree(known):  # a disturbed one is measured again
         notify(
             TuneEvent(
                 "reused",
@@ -831,15 +909,18 @@ def _try(
     notify(TuneEvent("start", index, total, settings, predicted))
     run = db.record_run(_measure(key, config, rigor, speed, watchdog))
     if run.outcome == "ok":
-        if planned is not None and _same(settings, planned.config):  # its prediction's
+        # its prediction's, and only when undisturbed: a busy machine teaches a wrong factor
+        if planned is not None and _same(settings, planned.config) and not repeats_disagree(run):
             _learn(db, key, run, planned)
         notify(
             TuneEvent(
                 "measured", index, total, settings, predicted, run.decode_tps, run.prefill_tps
             )
         )
-    else:
-        notify(TuneEvent("failed", index, total, settings, predicted, message=run.error or ""))
+    else:  # a run stopped at its deadline is not measured, not failed
+        kind: EventKind = "unmeasured" if run.outcome == "timeout" else "failed"
+        message = f"not measured: {run.error}" if run.outcome == "timeout" else run.error
+        notify(TuneEvent(kind, index, total, settings, predicted, message=message or ""))
     return run
 
 
@@ -910,6 +991,7 @@ def _measure(
         ttft_s=prefill.n_tokens / prefill.median_tok_s if prefill.median_tok_s else None,
         memory=memory,
         predicted=prediction,
+        repeat_spread=max(spread_of(prefill.samples_tok_s), spread_of(decode.samples_tok_s)),
     )
 
 

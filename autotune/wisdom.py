@@ -218,10 +218,16 @@ def _add_quality_architecture(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE quality ADD COLUMN architecture TEXT NOT NULL DEFAULT ''")
 
 
+def _add_repeat_spread(conn: sqlite3.Connection) -> None:
+    """Schema 7: how far each run's repetitions disagreed (`autotune/busy.py`): a run measured
+    while other programs were busy is measured again, not reused."""
+    conn.execute("ALTER TABLE runs ADD COLUMN repeat_spread REAL")
+
+
 WISDOM = DatabaseKind(
     label="the autotune database (wisdom.db)",
     file_name="wisdom.db",
-    schema_version=6,
+    schema_version=7,
     migrations={
         0: _create_schema_v1,
         1: _add_capacity_audits,
@@ -229,6 +235,7 @@ WISDOM = DatabaseKind(
         3: _add_type_costs,
         4: _add_quality,
         5: _add_quality_architecture,
+        6: _add_repeat_spread,
     },
     error=WisdomError,
 )
@@ -275,8 +282,8 @@ class WisdomDB:
         with self._writing():
             cursor = self._conn.execute(
                 "INSERT INTO runs (machine, engine, model, config_key, config, rigor, outcome, "
-                "prefill_tps, decode_tps, ttft_s, memory, predicted, error, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "prefill_tps, decode_tps, ttft_s, memory, predicted, error, created_at, "
+                "repeat_spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 _run_row(stamped),
             )
         return replace(stamped, id=cursor.lastrowid)
@@ -582,7 +589,8 @@ class WisdomDB:
                     added["runs"] += self._conn.execute(
                         "INSERT OR IGNORE INTO runs (machine, engine, model, config_key, config, "
                         "rigor, outcome, prefill_tps, decode_tps, ttft_s, memory, predicted, "
-                        "error, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "error, created_at, repeat_spread) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         row,
                     ).rowcount
                 defaults = [{**item, "run_id": None} for item in document.get("defaults", [])]
@@ -675,6 +683,7 @@ def _run_row(run: RunRecord) -> tuple[Any, ...]:
         _json(run.predicted) if run.predicted is not None else None,
         run.error,
         run.created_at,
+        run.repeat_spread,
     )
 
 
@@ -692,6 +701,7 @@ def _run_from_row(row: sqlite3.Row) -> RunRecord:
         error=row["error"],
         created_at=row["created_at"],
         id=row["id"],
+        repeat_spread=row["repeat_spread"],
     )
 
 

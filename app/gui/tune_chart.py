@@ -4,8 +4,10 @@ One column group per candidate the tuner reached, in the order it reached them: 
 for the cost model's predicted decode tok/s beside a solid bar for what the engine measured,
 the candidate's settings and its quality (mean KL divergence against the f16 KV cache, once
 measured) under it, and a strip for the memory llama.cpp allocated. A
-candidate that ran out of memory or failed keeps its place, drawn as such, so a sweep with
-failures reads honestly. Painted by hand (QtCharts is not in PySide6-Essentials) from the
+candidate that ran out of memory or failed keeps its place, drawn as such in red, so a sweep
+with failures reads honestly; one the time budget cut off (never started, or stopped at its
+deadline) is drawn in a neutral dashed outline as "not measured": nothing is known of it but
+its prediction. Painted by hand (QtCharts is not in PySide6-Essentials) from the
 palette, so it follows the light and dark themes.
 """
 
@@ -24,7 +26,15 @@ from hearthside.autotune.wisdom import config_key
 from hearthside.core.units import format_bytes
 
 EntryState = Literal[
-    "measuring", "measured", "reused", "failed", "oom", "crashed", "skipped", "stopped"
+    "measuring",
+    "measured",
+    "reused",
+    "failed",
+    "oom",
+    "crashed",
+    "skipped",
+    "stopped",
+    "unmeasured",
 ]
 MIN_GROUPS = 6  # so two candidates do not become two giant bars
 LEFT, RIGHT, TOP = 48.0, 12.0, 34.0
@@ -97,6 +107,7 @@ def entry_description(entry: ChartEntry) -> str:
         "crashed": "crashed the engine (Hearthside carried on with the next)",
         "skipped": "skipped: it failed before",
         "stopped": "stopped before it finished",
+        "unmeasured": "not measured (cut off by the time budget; not a failure)",
     }
     if entry.state in state_words:
         parts.append(state_words[entry.state])
@@ -293,9 +304,11 @@ class TuneChart(QWidget):
             ("predicted", colours["predicted"], colours["measured"]),
             ("measured", colours["measured"], colours["measured"]),
             ("failed / out of memory", colours["failed"], colours["failed"]),
+            ("not measured", None, colours["muted"]),
         ):
-            painter.setPen(QPen(outline, 1))
-            painter.setBrush(fill)
+            dashed = Qt.PenStyle.DashLine if fill is None else Qt.PenStyle.SolidLine
+            painter.setPen(QPen(outline, 1, dashed))
+            painter.setBrush(fill if fill is not None else Qt.BrushStyle.NoBrush)
             painter.drawRoundedRect(QRectF(x, y, 12, 12), 2, 2)
             painter.setPen(colours["text"])
             painter.drawText(QPointF(x + 17, y + 10), name)
@@ -365,6 +378,7 @@ class TuneChart(QWidget):
             "crashed": "crashed",
             "skipped": "skipped",
             "stopped": "stopped",
+            "unmeasured": "not measured",
         }
         bad = entry.state in ("failed", "oom", "crashed")
         colour = colours["failed"] if bad else colours["muted"]
@@ -449,6 +463,8 @@ def _state(event: TuneEvent, outcome: str | None) -> EntryState:
         return "reused"
     if event.kind == "skipped":
         return "skipped"
+    if event.kind == "unmeasured" or outcome == "timeout":  # cut off by the budget: no failure
+        return "unmeasured"
     if outcome == "oom":
         return "oom"
     return "crashed" if outcome == "crashed" else "failed"

@@ -11,12 +11,16 @@
    machine's figures: `measured` says so, Apply or not.
 2. Goal and model: the planner's four goals; the registered models plus catalog models the
    planner says fit here (those cannot be measured: they get a plan only); the time budget.
-3. Measuring: the tuner on the chosen model, live, with a chart of its candidates.
-4. Result: the chosen settings beside llama.cpp's own defaults, the measured speed-up, the
-   reasons and the context check. Apply stores them as the model's default on this machine on a
-   worker thread (another Hearthside may hold the DB's lock for seconds), then emits `applied`
-   so the window can reload the chat engine with them, and closes; a failure is said on the
-   page, which stays open to try again.
+3. Measuring: the tuner on the chosen model, live, with a chart of its candidates; those the
+   time budget cut off show as "not measured", never as failed.
+4. Result: the chosen settings beside llama.cpp's own defaults, the measured speed-up (or,
+   when candidates predicted to beat the defaults were not measured, "Measured N of M — about
+   X more minutes would test the rest"), the reasons and the context check. Apply stores them
+   as the model's default on this machine on a worker thread (another Hearthside may hold the
+   DB's lock for seconds), then emits `applied` so the window can reload the chat engine with
+   them, and closes; a failure is said on the page, which stays open to try again. When
+   other programs were busy while measuring (`TuneResult.busy`), the page says so and offers
+   only Close: nothing is stored.
 
 The engine question: the tuner loads engines of its own, and two engines decoding at once on
 a small machine would spoil both the chat and the measurements. So the whole measurement runs
@@ -77,6 +81,7 @@ from PySide6.QtWidgets import (
 from hearthside.app.gui.labels import make_label as _label
 from hearthside.app.gui.tune_chart import TuneChart, candidate_label
 from hearthside.app.gui.workers import MainThreadRelay, run_in_background
+from hearthside.autotune.busy import busy_text
 from hearthside.autotune.calibration_figures import describe_figures
 from hearthside.autotune.goals import KLD_BUDGET, QUALITY_FLOOR
 from hearthside.autotune.machine import MachineContext
@@ -91,6 +96,7 @@ from hearthside.autotune.optimize import (
     TuneResult,
     apply_tuning,
     audit_text,
+    coverage_text,
     llama_cpp_defaults,
     machine_context,
     measure,
@@ -154,6 +160,7 @@ QLabel#muted { color: palette(placeholder-text); }
 QLabel#headline { font-size: 17pt; font-weight: 600; }
 QLabel#status { font-weight: 600; }
 QLabel#error { color: #c5221f; }
+QLabel#warning { color: #8a5a00; font-weight: 600; }
 QLabel#goalNote { color: palette(placeholder-text); }
 """
 
@@ -188,6 +195,17 @@ def mark_quality(chart: TuneChart, result: TuneResult) -> None:
             variant = result.variant_of(run)
             label = variant.label if variant is not None else ""
             chart.mark_quality(str(run.config.get("type_k")), short, over, label)
+
+
+def measured_summary(result: TuneResult) -> str:
+    """The measuring page's last line: what failed, what the time cut off (not measured, never
+    counted as failed) and where the pick is."""
+    failed = sum(1 for run in result.runs if run.outcome not in ("ok", "timeout"))
+    parts = [f"{failed} failed (kept, never retried)."] if failed else []
+    coverage = coverage_text(result)
+    parts += [f"{coverage}."] if coverage else []
+    parts += ["The chosen one is starred."] if result.best is not None else []
+    return " ".join(parts)
 
 
 def applied_tuning(result: TuneResult, choice: ModelChoice) -> AppliedTuning:
@@ -687,7 +705,7 @@ class MeasurePage(QWizardPage):
         if event.kind == "start" and not self.stopping:
             first, second = candidate_label(event.config, event.baseline, event.variant)
             self.status.setText(f"Measuring {first}, {second} ({event.index} of {event.total})…")
-        else:
+        elif event.kind != "unmeasured":
             self.done_count += 1
         self._tick()
 
@@ -722,10 +740,7 @@ class MeasurePage(QWizardPage):
             self.status.setText(f"Stopped: {measured} measured.")
         else:
             self.status.setText(f"Done: {measured} measured. Press Next for the result.")
-        failed = sum(1 for run in runs if run.outcome != "ok")
-        summary = f"{failed} failed (kept, never retried). " if failed else ""
-        chosen = "The chosen one is starred." if result is not None and result.best else ""
-        self.detail.setText(summary + chosen)
+        self.detail.setText(measured_summary(result) if result is not None else "")
         self.completeChanged.emit()
 
     def show_failure(self, error: BaseException) -> None:
@@ -768,8 +783,12 @@ class ResultPage(QWizardPage):
         layout = QVBoxLayout(self)
         self.headline = _label("", "headline")
         self.subline = _label()
+        # other programs were busy while measuring: said first, and nothing is stored
+        self.busy = _label("", "warning")
+        self.busy.hide()
         layout.addWidget(self.headline)
         layout.addWidget(self.subline)
+        layout.addWidget(self.busy)
         self.table = QTableWidget(0, 3)
         self.table.setHorizontalHeaderLabels(["Setting", "llama.cpp defaults", "Chosen"])
         self.table.verticalHeader().hide()
@@ -822,6 +841,7 @@ class ResultPage(QWizardPage):
         for widget in (self.subline, self.reasons, self.audit, self.note):
             widget.setText("")
         self.speed.hide()
+        self.busy.hide()
         self.headline.setText(text)
         self.table.setRowCount(0)
         self._wizard.offer_apply(False)
@@ -846,14 +866,20 @@ class ResultPage(QWizardPage):
         winner = result.chosen_variant
         if winner is not None:
             name = f"the {winner.label} variant ({winner.model_id})"
-        if result.best is not None:
+        if result.best is not None and result.busy is None:
             lines.append(
                 f"Apply makes these settings {name}'s default on this machine and reloads the "
                 "chat with them."
             )
+        self._show_busy(result.busy)
         self.note.setText("\n".join(lines))
-        self._wizard.offer_apply(result.best is not None)
+        self._wizard.offer_apply(result.best is not None and result.busy is None)
         self._show_speed_of_light(result)
+
+    def _show_busy(self, busy: str | None) -> None:
+        self.busy.setVisible(busy is not None)
+        if busy is not None:
+            self.busy.setText(f"{busy_text(busy)} Nothing from this run is stored as a default.")
 
     def _show_speed_of_light(self, result: TuneResult) -> None:
         """The pick's measured speed against this machine's limit, the figure `hearthside
@@ -1217,6 +1243,8 @@ class OptimizeWizard(QWizard):
             return True
         if result is None or result.best is None or choice is None or choice.path is None:
             return True  # nothing to apply: Finish just closes
+        if result.busy is not None:
+            return True  # other programs were busy: nothing from this run is stored
         if not self.applying:
             self.applying = True
             self.result_page.show_applying(True)

@@ -15,6 +15,7 @@ from hearthside.core.engine.config import CHAT_CONTEXT
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
 
+@pytest.mark.usefixtures("repeat_noise_ignored")
 def test_tuning_a_model_file_prints_and_stores_the_winner(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,7 @@ from hearthside.autotune.goals import kv_quality_text, prior_quality, quality_wo
 from hearthside.autotune.planner import DEFAULT_FREE_MARGIN_BYTES, evaluate_config, plan
 from hearthside.autotune.quality import Candidate, load_eval_text, measure_quality
 from hearthside.autotune.tune_quality import kv_quality
-from hearthside.autotune.wisdom import QualityRecord, WisdomDB
+from hearthside.autotune.wisdom import WISDOM, QualityRecord, WisdomDB
 from hearthside.core.engine.config import CHAT_CONTEXT, EngineConfig
 from hearthside.core.models.catalog import catalog_spec
 from hearthside.core.models.spec import ModelSpec
@@ -199,4 +199,4 @@ def test_rows_from_before_families_are_named_once_their_model_is_read(tmp_path: 
         assert db.import_(document)["quality"] == 1
         assert db.qualities("gemma270m")[0].architecture == ""
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == WISDOM.schema_version

@@ -55,7 +55,10 @@ def test_a_tune_of_the_default_model_ends_within_its_budget(
     with WisdomDB(tmp_path / "wisdom.db") as wisdom:
         store_calibration(recorded_report(), profile, wisdom)  # its Q4_1 is not measured
         started = time.monotonic()
-        result = tuner.tune(chat_model_file, profile, budget_s=BUDGET_S, wisdom=wisdom)
+        events: list[tuner.TuneEvent] = []
+        result = tuner.tune(
+            chat_model_file, profile, budget_s=BUDGET_S, wisdom=wisdom, listener=events.append
+        )
         elapsed = time.monotonic() - started
     assert elapsed <= BUDGET_S * 1.25 + 3, (elapsed, result.notes)
     phases = {note.phase: note.reason for note in result.notes}
@@ -67,6 +70,16 @@ def test_a_tune_of_the_default_model_ends_within_its_budget(
     for run in result.runs:
         if run.outcome == "timeout":
             assert "the tuning budget left it" in (run.error or "")
+    # what the budget cut off is not measured, each said so as it happened, never a failure
+    candidates = [e for e in events if not e.variant and e.workload is None and e.index]
+    cut = {e.index for e in candidates if e.kind == "unmeasured"}
+    assert len(cut) == len(result.not_measured), (cut, result.not_measured)
+    own = [run for run in result.runs if run.key.model == result.key.model]
+    never_started = [c for c in result.not_measured if not c.started]
+    assert result.candidates == len(own) + len(never_started)  # a fresh DB: nothing skipped
+    assert not any(e.kind == "failed" and "budget" in e.message for e in candidates)
+    if "candidates" in phases:  # "tried N of M": the rest never started
+        assert any(not c.started for c in result.not_measured)
 
 
 def test_a_measurement_past_its_limit_is_a_timeout_and_is_measured_again(

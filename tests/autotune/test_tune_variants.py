@@ -10,13 +10,14 @@ the tests assert that outcome instead of allowing either."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from hearthside.app.tune_cli import describe_result, result_as_dict
-from hearthside.autotune import tuner
+from hearthside.autotune import busy, tuner
 from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.optimize import variant_text
 from hearthside.autotune.tune_quality import QuantVariant, installed_variants
@@ -68,6 +69,7 @@ def _tune(files: Files, profile, kld_budget: float, events: list[TuneEvent]) -> 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tuner, "candidates", lambda base, _profile: [base])
         patch.setattr(tuner, "measure_missing_types", lambda *_args: ())
+        patch.setattr(busy, "REPEAT_NOISE_BOUND", math.inf)  # stores and reuses, when shared
         patch.setenv("HEARTHSIDE_HOME", str(files.folder / "home"))  # module-wide: not per test
         with WisdomDB(files.folder / "wisdom.db") as wisdom:
             return tune(

@@ -57,6 +57,7 @@ def test_candidates_vary_one_thing_at_a_time_and_stay_valid(profile) -> None:  #
     assert len(configs) == len({str(c.to_dict()) for c in configs})
 
 
+@pytest.mark.usefixtures("repeat_noise_ignored")
 def test_a_tuning_run_is_stored_and_answers_the_next_one(
     small_model: Path,
     profile,
@@ -110,6 +111,7 @@ def test_a_tuning_run_is_stored_and_answers_the_next_one(
         assert second.baseline.id == first.baseline.id
 
 
+@pytest.mark.usefixtures("repeat_noise_ignored")
 def test_on_a_sliding_window_model_llama_cpps_window_sized_cache_is_never_the_pick(
     profile,
     tmp_path: Path,

@@ -243,11 +243,12 @@ def test_a_damaged_file_is_reported_in_plain_words(tmp_path: Path) -> None:
 def test_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:
     path = tmp_path / "wisdom.db"
     conn = sqlite3.connect(path)
-    conn.execute("PRAGMA user_version = 7")
+    conn.execute(f"PRAGMA user_version = {WISDOM.schema_version + 1}")
     conn.close()
     with pytest.raises(WisdomError, match="newer Hearthside"):
         WisdomDB(path)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 7
+    version = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0]
+    assert version == WISDOM.schema_version + 1
 
 
 def test_capacity_audits_are_kept_per_configuration(wisdom: WisdomDB) -> None:
@@ -266,6 +267,7 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     conn.execute("DROP TABLE capacity_audits")
     conn.execute("DROP TABLE type_costs")  # schema 4's
     conn.execute("DROP TABLE quality")  # schema 5's
+    conn.execute("ALTER TABLE runs DROP COLUMN repeat_spread")  # schema 7's
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()

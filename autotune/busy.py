@@ -1,0 +1,81 @@
+"""Whether other programs were busy while measuring: one sentence saying why, or None.
+
+A desktop is rarely idle, and a busy one makes measured settings wrong in ways no budget
+fixes: on a 2-core machine with one core taken, two decode threads measure several times
+slower than one, and do so erratically. What gives it away is the repeats disagreeing: those
+of one tuner run (llama-bench style, `core/engine/bench.py`) or those of the calibration's
+kernels. A run that was disturbed stores no default (`tuner.tune`), the wizard and
+`hearthside tune` say so, and the next run measures the disturbed settings again instead
+of reusing them. Pure: measured records and reports in, words out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hearthside.autotune.records import RunRecord
+from hearthside.kernels.anomalies import NOISY_SPREAD
+from hearthside.kernels.results import CalibrationReport
+
+# (max - min) / median of one run's repetitions beyond which they disagree. Measured on the
+# 2-core EPYC VM (2026-12-04, tiny-dense Q8_0, 3 repetitions of pp128 and tg32 each): one
+# thread beside other people's work spread 0.2-8% (two threads 60-292%: that VM is shared);
+# with two busy loops started beside it, two threads spread 32-1976% (one thread 0.3-14%:
+# steady but slower, which repeats cannot catch).
+REPEAT_NOISE_BOUND = 0.25
+# The share of a calibration's measurements varying by more than `NOISY_SPREAD` beyond which
+# other programs disturbed it. Recorded reports (tests/fixtures/calibration): the quiet
+# Sapphire Rapids VM 1 of 51 (2%), the busy EPYC VM 27 of 45 (60%); issue 32's busy run 12
+# of 53 (23%).
+BUSY_CALIBRATION_SHARE = 0.1
+ADVICE = (
+    "Other programs were busy while measuring: these figures may be off; close them and "
+    "measure again."
+)
+
+
+def repeats_disagree(run: RunRecord) -> bool:
+    """Whether `run`'s repetitions disagreed beyond the noise bound: measure it again."""
+    return run.repeat_spread is not None and run.repeat_spread > REPEAT_NOISE_BOUND
+
+
+def busy_from_runs(
+    runs: Sequence[RunRecord], pick: RunRecord | None, baseline: RunRecord | None
+) -> str | None:
+    """Why the tuner's runs say other programs were busy: the repeats of the pick or of
+    llama.cpp's defaults (the verdict compares them) disagreed, or those of half the runs."""
+    timed = [run for run in runs if run.repeat_spread is not None]
+    noisy = [run for run in timed if repeats_disagree(run)]
+    decisive = [run for run in (pick, baseline) if run is not None and repeats_disagree(run)]
+    if not noisy or (not decisive and 2 * len(noisy) < len(timed)):
+        return None
+    worst = max(noisy, key=lambda run: run.repeat_spread or 0.0)
+    return (
+        f"the repetitions of {len(noisy)} of {len(timed)} settings disagreed by more than "
+        f"{REPEAT_NOISE_BOUND:.0%} (up to {worst.repeat_spread or 0.0:.0%}, with "
+        f"{worst.config.get('n_threads') or 'automatic'} threads)"
+    )
+
+
+def busy_from_calibration(report: CalibrationReport) -> str | None:
+    """Why the calibration says other programs were busy, when too many of its measurements
+    varied between repetitions."""
+    measured = [m for m in report.measurements if m.ok]
+    noisy = [m for m in measured if m.spread > NOISY_SPREAD]
+    if not measured or len(noisy) <= BUSY_CALIBRATION_SHARE * len(measured):
+        return None
+    return (
+        f"{len(noisy)} of {len(measured)} calibration measurements varied by more than "
+        f"{NOISY_SPREAD:.0%} between repetitions"
+    )
+
+
+def joined(*reasons: str | None) -> str | None:
+    """The reasons given, in one sentence; None when there are none."""
+    given = [reason for reason in reasons if reason]
+    return "; ".join(given) if given else None
+
+
+def busy_text(reason: str) -> str:
+    """What a person reads: the advice, then the reason."""
+    return f"{ADVICE} ({reason[0].upper()}{reason[1:]}.)"

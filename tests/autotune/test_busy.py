@@ -1,0 +1,140 @@
+"""A busy machine is noticed: when the tuner's repeats or a calibration's disagree beyond their
+noise bound, the result says other programs were busy and nothing from the run is stored."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hearthside.app.tune_cli import describe_result, result_as_dict
+from hearthside.autotune import tuner
+from hearthside.autotune.busy import (
+    REPEAT_NOISE_BOUND,
+    busy_from_calibration,
+    busy_from_runs,
+    busy_text,
+    repeats_disagree,
+)
+from hearthside.autotune.fingerprint import TuningKey
+from hearthside.autotune.optimize import apply_tuning
+from hearthside.autotune.records import RunRecord
+from hearthside.autotune.tuner import save_tuned_defaults, tune
+from hearthside.autotune.wisdom import WisdomDB
+from hearthside.core.errors import HearthsideError
+from hearthside.core.probe.runner import probe_hardware
+from hearthside.kernels.measurement import spread_of
+from hearthside.kernels.results import CalibrationReport
+from tests.fixtures.synthetic_gguf import write_synthetic_gguf
+
+KEY = TuningKey("machine", "engine", "model")
+# tiny-dense Q8_0, 3 repetitions of pp128 and tg32 tok/s, recorded on the shared 2-core EPYC VM
+# on 2026-12-04: one thread beside other people's work (repeats within 11%), and two threads
+# with two busy loops started beside them (tg32 from 1.9 to 148 tok/s)
+STEADY_1_THREAD = ((3027.7, 2944.6, 2997.6), (997.2, 1065.8, 1113.8))
+STEADY_1_THREAD_AGAIN = ((4440.2, 2851.7, 2875.3), (1229.2, 1091.7, 1140.4))
+DISTURBED_2_THREADS = ((275.7, 216.7, 247.5), (60.4, 1.9, 147.8))
+CALIBRATIONS = Path(__file__).parents[1] / "fixtures" / "calibration"
+COMPETITORS = 2  # one busy loop per core of the 2-core VM
+
+
+def run_of(samples: tuple[tuple[float, ...], ...], threads: int, **config: object) -> RunRecord:
+    prefill, decode = samples
+    return RunRecord(
+        KEY,
+        {"n_threads": threads, **config},
+        "quick",
+        "ok",
+        prefill_tps=sorted(prefill)[1],
+        decode_tps=sorted(decode)[1],
+        repeat_spread=max(spread_of(prefill), spread_of(decode)),
+    )
+
+
+def test_runs_whose_repeats_agree_are_not_busy() -> None:
+    pick = run_of(STEADY_1_THREAD, 1)
+    defaults = run_of(STEADY_1_THREAD, 1, flash_attn=True)
+    assert not repeats_disagree(pick)
+    assert busy_from_runs([defaults, pick], pick, defaults) is None
+    # one disturbed run among several, neither the pick nor the defaults: not a verdict
+    others = [run_of(STEADY_1_THREAD, 1, n_ubatch=size) for size in (128, 256)]
+    noisy = run_of(DISTURBED_2_THREADS, 2)
+    assert busy_from_runs([defaults, pick, *others, noisy], pick, defaults) is None
+
+
+def test_the_defaults_repeats_disagreeing_mark_the_run_busy() -> None:
+    pick = run_of(STEADY_1_THREAD, 1)
+    defaults = run_of(DISTURBED_2_THREADS, 2)
+    why = busy_from_runs([defaults, pick], pick, defaults)
+    assert why is not None
+    assert f"disagreed by more than {REPEAT_NOISE_BOUND:.0%}" in why
+    assert "with 2 threads" in why and "1 of 2 settings" in why
+    shown = busy_text(why)
+    assert shown.startswith("Other programs were busy while measuring: these figures may be off")
+
+
+def test_half_the_runs_disagreeing_mark_the_run_busy() -> None:
+    pick = run_of(STEADY_1_THREAD, 1)
+    defaults = run_of(STEADY_1_THREAD_AGAIN, 1, flash_attn=True)
+    noisy = [run_of(DISTURBED_2_THREADS, 2, n_ubatch=size) for size in (128, 256)]
+    assert busy_from_runs([defaults, pick, *noisy], pick, defaults) is not None
+
+
+def test_a_calibration_with_many_varying_measurements_says_other_programs_were_busy() -> None:
+    quiet = json.loads((CALIBRATIONS / "sapphire-rapids-2core.json").read_text())["calibration"]
+    busy = json.loads((CALIBRATIONS / "epyc-2core-speed-model.json").read_text())["calibration"]
+    assert busy_from_calibration(CalibrationReport.from_dict(quiet)) is None  # 1 of 51
+    why = busy_from_calibration(CalibrationReport.from_dict(busy))
+    assert why == "27 of 45 calibration measurements varied by more than 15% between repetitions"
+
+
+def test_a_disturbed_run_is_kept_with_its_spread_and_never_applied(tmp_path: Path) -> None:
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        stored = wisdom.record_run(run_of(DISTURBED_2_THREADS, 2))
+        found = wisdom.lookup(KEY, stored.config, "quick")
+    assert found is not None and repeats_disagree(found)  # the tuner measures it again
+
+
+@pytest.fixture
+def competing_programs() -> object:
+    """Busy loops in other processes, one per core, for as long as the test runs."""
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(COMPETITORS)
+    ]
+    try:
+        time.sleep(0.5)  # running before the first measurement
+        yield loops
+    finally:
+        for loop in loops:
+            loop.kill()
+        for loop in loops:
+            loop.wait()
+
+
+@pytest.mark.slow  # a real tune (~45 s on the 2-core VM with the loops running)
+@pytest.mark.usefixtures("competing_programs")
+def test_a_tune_beside_busy_programs_says_so_and_stores_no_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # llama.cpp's defaults (every core), the planner's pick and llama-cpp-python's defaults
+    monkeypatch.setattr(tuner, "candidates", lambda base, _profile: [base])
+    model = write_synthetic_gguf(tmp_path / "tiny.gguf", "tiny-dense", "Q8_0")
+    profile = probe_hardware()
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        result = tune(model, profile, budget_s=60, wisdom=wisdom, speculation=False)
+        assert result.best is not None
+        assert result.busy is not None, [(r.config, r.repeat_spread) for r in result.runs]
+        assert wisdom.default_for(result.key) is None  # `hearthside tune` stores nothing
+        assert not save_tuned_defaults(wisdom, result)  # nor the wizard's Apply
+        assert wisdom.default_for(result.key) is None
+    with pytest.raises(HearthsideError) as refused:
+        apply_tuning(result)
+    assert "Other programs were busy" in (refused.value.hint or "")
+    text = describe_result(result)
+    assert "Nothing was stored as a default. Other programs were busy" in text
+    assert "now this model's default" not in text
+    assert result_as_dict(result)["busy"] == result.busy
