@@ -56,6 +56,7 @@ from hearthside.core.errors import (
 )
 from hearthside.core.server import choices, structured, validation
 from hearthside.core.server.content_parts import check_text_only
+from hearthside.core.server.generation_limit import StructuredTimeLimit, run_within
 from hearthside.core.server.logprob_format import (
     StreamedLogprobs,
     chat_logprobs,
@@ -98,6 +99,8 @@ class ServerSettings:
     # too only with `unload_served_when_idle` (`hearthside serve`; the window's stays)
     idle_unload_s: float | None = None
     unload_served_when_idle: bool = False
+    # how long a generation under a grammar (JSON schema, tools) may run (issue 36)
+    structured_time_limit: StructuredTimeLimit = field(default_factory=StructuredTimeLimit)
 
     def security_policy(self) -> SecurityPolicy:
         return SecurityPolicy(
@@ -248,7 +251,10 @@ def error_response(exc: HearthsideError) -> JSONResponse:
         return openai_error(400, exc.message, type_="invalid_request_error", code=exc.code)
     if isinstance(exc, GrammarTooSlowError):  # the schema, not the server: no retry helps
         return openai_error(
-            400, exc.message, type_="invalid_request_error", code="structured_output_too_slow"
+            400,
+            exc.user_text().replace("\n", " "),  # what to do, too
+            type_="invalid_request_error",
+            code="structured_output_too_slow",
         )
     if isinstance(exc, EngineConfigError | structured.StructuredOutputError | GrammarError):
         return openai_error(400, exc.message, type_="invalid_request_error")
@@ -385,8 +391,18 @@ class GenerationPlan:
     prompt_index: int = 0  # which of the request's prompts this choice answers
     check: validation.ReplyCheck | None = None  # the schema a JSON reply or tool call follows
     on_logprobs: LogprobsCallback | None = None  # streaming: logprob entries, ahead of text
+    time_limit_s: float | None = None  # wall-clock seconds on the engine (StructuredTimeLimit)
 
     def run(
+        self, engine: LocalEngine, cancel: Any, on_text: Callable[[str], None] | None
+    ) -> GenerationResult:
+        if self.time_limit_s is None:
+            return self._run(engine, cancel, on_text)
+        return run_within(
+            self.time_limit_s, cancel, lambda within: self._run(engine, within, on_text)
+        )
+
+    def _run(
         self, engine: LocalEngine, cancel: Any, on_text: Callable[[str], None] | None
     ) -> GenerationResult:
         if self.messages is not None and self.check is not None:
@@ -465,13 +481,15 @@ def _chat_plan(body: ChatCompletionRequest, settings: ServerSettings) -> Generat
         tools = ()
         grammar = structured.grammar_for_response_format(body.response_format)
         check = validation.check_for_response_format(body.response_format)
+    sampling = replace(sampling, grammar=grammar)
     return GenerationPlan(
         kind="chat.completion",
         messages=tuple(messages),
         prompt=None,
-        sampling=replace(sampling, grammar=grammar),
+        sampling=sampling,
         tools=tools,
         check=check,
+        time_limit_s=settings.structured_time_limit.seconds_for(sampling),
     )
 
 
