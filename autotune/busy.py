@@ -18,7 +18,7 @@ from hearthside.kernels.anomalies import NOISY_SPREAD
 from hearthside.kernels.results import CalibrationReport
 
 # (max - min) / median of one run's repetitions beyond which they disagree. Measured on the
-# 2-core EPYC VM (2026-12-04, tiny-dense Q8_0, 3 repetitions of pp128 and tg32 each): one
+# 2-core Xeon VM with AMX (2026-12-04, tiny-dense Q8_0, 3 repetitions of pp128 and tg32 each): one
 # thread beside other people's work spread 0.2-8% (two threads 60-292%: that VM is shared);
 # with two busy loops started beside it, two threads spread 32-1976% (one thread 0.3-14%:
 # steady but slower, which repeats cannot catch).
