@@ -59,9 +59,8 @@ pytestmark = pytest.mark.gui
 
 # llama.cpp's defaults, the planner's pick and its q4_0-KV twin (`the_pick_and_a_q4_0_cache`),
 # after the default model's weight types (a fresh DB: up to a quarter of the budget), with their
-# quality, speculation and the audit: the twin is reached within this budget on a quiet machine.
-# the defaults, the pick and its q4_0-KV twin, with room: at 75 s a 2-core machine busy with a
-# build measured two of them and never the q4_0 one
+# quality, speculation and the audit: the twin is reached within this budget on a quiet machine
+# (at 75 s, a 2-core machine busy with a build measured two settings and never the twin).
 MEASURE_BUDGET_S = 90
 # One candidate (load, warm-up, 3 x pp128/tg32) takes ~3 s here when the machine is quiet;
 # the limits leave room for a machine shared with other work.
