@@ -120,6 +120,9 @@ class ModelPicker(QWidget):
         self.progress = QProgressBar(self)
         self.progress.setRange(0, 0)  # busy: llama.cpp does not report load progress
         self.progress.setMaximumWidth(160)
+        # the bar and its text take only room that is free: a load must not widen the chat
+        # pane and squeeze the conversation list the user sized
+        self.progress.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.progress.setTextVisible(False)
         self.progress.hide()
         self.status = QLabel("", self)

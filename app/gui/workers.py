@@ -70,7 +70,9 @@ class BackgroundTask(QObject, Generic[T]):
             self.error = exc
         finally:
             self._finished_running.set()
-            self._outcome.emit()
+            # at exit Qt may have deleted this object while fn ran: nobody is left to tell
+            if shiboken6.isValid(self):
+                self._outcome.emit()
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until `fn` has returned or raised (not until the callbacks ran)."""

@@ -420,6 +420,25 @@ def test_the_models_page_switches_the_model(
     assert chat.store.get(chat.session.current_id).model_id == record.id  # type: ignore[arg-type]
 
 
+def test_loading_a_model_leaves_the_conversation_lists_width_alone(
+    chat: MainWindow, qtbot: QtBot, default_model_file: Path
+) -> None:
+    # A narrow window: the busy bar beside the model picker once widened the chat pane past
+    # what was left and squeezed the list to 176 px while a model loaded.
+    chat.resize(max(760, chat.minimumSizeHint().width()), 560)
+    chat.sidebar_splitter.setSizes([250, 500])
+    qtbot.wait(50)
+    sized = chat.sidebar_splitter.sizes()
+    widths_while_loading: list[list[int]] = []
+    with qtbot.waitSignal(chat.bridge.load_finished, timeout=REPLY_TIMEOUT_MS):
+        chat.load_model(str(default_model_file))
+        qtbot.waitUntil(lambda: chat.chat_pane.model_picker.progress.isVisible(), timeout=5_000)
+        qtbot.wait(50)
+        widths_while_loading.append(chat.sidebar_splitter.sizes())
+    assert widths_while_loading == [sized]
+    assert chat.sidebar_splitter.sizes() == sized
+
+
 # ---- the Local API switch -----------------------------------------------------------------------
 
 
