@@ -4,6 +4,7 @@ end the reply with a typed error, the service restarts the worker and serves the
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import signal
 import threading
@@ -22,6 +23,7 @@ from hearthside.core.engine.service import EngineNotice, EngineService
 from hearthside.core.engine.worker import COALESCE_S, _PendingText
 from hearthside.core.engine.worker_engine import WorkerEngine, describe_exit
 from hearthside.core.errors import EngineCrashedError, EngineLoadError, ModelFileError
+from hearthside.core.models.spec import spec_from_gguf
 from tests.timing import Try, best_of, cancel_bound_s, decode_step_s
 
 LONG_REPLY = SamplingParams(temperature=0, max_tokens=400)
@@ -194,11 +196,20 @@ def test_a_bad_file_fails_before_any_process_starts(tmp_path: Path) -> None:
         WorkerEngine(EngineConfig(str(broken)))
 
 
+def context_beyond_memory(model_path: str) -> int:
+    """A context whose KV cache needs 4x this machine's memory and swap: one allocation the
+    kernel refuses at once. (Far larger ones spend seconds to minutes building llama.cpp's
+    per-cell bookkeeping first: 2**26 took 8-34 s here, 2**30 84 s and 21 GB.)"""
+    memory = psutil.virtual_memory().total + psutil.swap_memory().total
+    per_token = spec_from_gguf(model_path).kv_bytes_per_token()
+    return 1 << math.ceil(math.log2(4 * memory / per_token))
+
+
 def test_a_crash_while_loading_is_a_load_error(config: EngineConfig) -> None:
-    # A context far beyond this machine's memory: llama.cpp refuses (or the kernel kills it);
-    # either way the caller gets a load error, never a hang or a dead app.
+    # llama.cpp refuses (or the kernel kills it); either way the caller gets a load error,
+    # never a hang or a dead app.
     with pytest.raises(EngineLoadError):
-        WorkerEngine(config.with_changes(n_ctx=2**26))
+        WorkerEngine(config.with_changes(n_ctx=context_beyond_memory(config.model_path)))
 
 
 def test_exit_descriptions_name_the_signal() -> None:
