@@ -35,7 +35,13 @@ Results are the medians per side; ratios (Hearthside / llama-server) are the med
 ratios of back-to-back rounds, so slow drifts of the machine cancel.
 
     .venv/bin/python benchmarks/parallel_clients.py [--rounds 5] [--threads N] [--model GGUF]
-        [--llama-server PATH] [--ctx 2048] [--use-my-data] [--json]
+        [--llama-server PATH] [--ctx 2048] [--own-defaults] [--use-my-data] [--json]
+
+`--own-defaults` starts each server as a user would without tuning either: `hearthside serve
+--model M` and `llama-server -m M`, with only the address and the key besides. Slots, context,
+threads, batch sizes and KV cache are then each one's own choice (their loading lines say which),
+so the scenarios' slot counts do not apply: the 4 and the 1 client meet whatever slots each
+server chose.
 
 Targets: 4 clients aggregate >= 0.9x llama-server, slowest first token <= 2x; 1 client
 decode >= 0.97x. It prints PASS/MISS per target and exits 1 on any miss. Until `hearthside
@@ -385,21 +391,47 @@ SCENARIOS = (
 )
 
 
-def measure(
-    scenario: Scenario,
-    model: Path,
-    config: EngineConfig,
-    ctx: int,
-    binary: Path,
-    rounds: int,
-    work: Path,
-) -> tuple[Side, Side]:
+ServerPair = Callable[[str, Path], tuple[Server, Server]]  # (key, key file) -> (ours, theirs)
+
+
+def matched_servers(
+    scenario: Scenario, model: Path, config: EngineConfig, ctx: int, binary: Path, work: Path
+) -> ServerPair:
+    def pair(key: str, key_file: Path) -> tuple[Server, Server]:
+        ours = hearthside_server(model, config, scenario.slots, ctx, key_file, work)
+        return ours, llama_server(binary, model, config, key, work)
+
+    return pair
+
+
+def servers_at_their_defaults(
+    scenario: Scenario, model: Path, binary: Path, work: Path
+) -> ServerPair:
+    """Each server as a user starts it with nothing but the model, the address and the key:
+    slots, context, threads, batch sizes and KV cache are each one's own choice (their
+    loading lines, printed at start, say what they chose)."""
+
+    def pair(key: str, key_file: Path) -> tuple[Server, Server]:
+        port = free_port()
+        argv = [str(hearthside_command()), "serve", "--model", str(model), "--port", str(port)]
+        argv += ["--api-key-file", str(key_file)]
+        log = work / f"hearthside-defaults-{scenario.slots}.log"
+        ours = Server("Hearthside", argv, port, log, signal.SIGINT)
+        port = free_port()
+        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--no-webui", "--api-key", key]
+        log = work / f"llama-server-defaults-{scenario.slots}.log"
+        return ours, Server("llama-server", argv, port, log)
+
+    return pair
+
+
+def measure(scenario: Scenario, servers: ServerPair, rounds: int, work: Path) -> tuple[Side, Side]:
     key = secrets.token_urlsafe(32)
     key_file = work / f"api_key-{scenario.slots}"
     key_file.write_text(key + "\n")
     os.chmod(key_file, 0o600)
-    ours = hearthside_server(model, config, scenario.slots, ctx, key_file, work)
-    theirs = llama_server(binary, model, config, key, work)
+    ours, theirs = servers(key, key_file)
     hearthside, native = Side(), Side()
     try:
         for server in (ours, theirs):
@@ -550,6 +582,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="decode threads (default: Hearthside's)")
     parser.add_argument("--ctx", type=int, default=2048, help="context tokens per slot")
     parser.add_argument("--llama-server", type=Path, default=None, help="llama-server binary")
+    parser.add_argument(
+        "--own-defaults",
+        action="store_true",
+        help="start each server with only the model, address and key: what a user gets "
+        "without tuning either (--threads and --ctx then do not apply)",
+    )
     parser.add_argument("--json", action="store_true")
     add_data_option(parser)
     args = parser.parse_args(argv)
@@ -574,13 +612,21 @@ def main(argv: list[str] | None = None) -> int:
     ):
         model = (args.model or home.default_chat_model()).resolve()
         print(home.describe(), file=out)
+        work = Path(scratch)
         for scenario in SCENARIOS:
-            threads = served_threads(args.threads)
-            chosen = hearthside_settings(model, args.ctx, threads, scenario.slots)
-            unmatched += print_scenario_settings(scenario, chosen, home.describe(), out)
-            hearthside, native = measure(
-                scenario, model, chosen.config, args.ctx, binary, args.rounds, Path(scratch)
-            )
+            if args.own_defaults:
+                print(
+                    f"{scenario.title}: both servers at their own defaults (only the model, "
+                    "the address and the key given; the slot count is each one's own)",
+                    file=out,
+                )
+                servers = servers_at_their_defaults(scenario, model, binary, work)
+            else:
+                threads = served_threads(args.threads)
+                chosen = hearthside_settings(model, args.ctx, threads, scenario.slots)
+                unmatched += print_scenario_settings(scenario, chosen, home.describe(), out)
+                servers = matched_servers(scenario, model, chosen.config, args.ctx, binary, work)
+            hearthside, native = measure(scenario, servers, args.rounds, work)
             results.append((scenario, hearthside, native))
     summary = summarise(results)
     summary["hearthside_parallel_flag"] = "--parallel" in serve_options()
