@@ -28,7 +28,7 @@ from hearthside.core.paths import data_dir
 from hearthside.core.probe.runner import probe_hardware
 from tests.gguf_samples import quantize_file
 
-# a cap, not a duration: the tune ends when its runs, quality passes and audit are done (well
+# a cap, not a duration: the tune ends when its runs and quality passes are done (well
 # within a minute on a quiet machine); room on a busy one, so the variant's phase is reached,
 # and below the 300 s pytest-timeout
 TUNE_BUDGET_S = 240
@@ -69,6 +69,9 @@ def _tune(files: Files, profile, kld_budget: float, events: list[TuneEvent]) -> 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tuner, "candidates", lambda base, _profile: [base])
         patch.setattr(tuner, "measure_missing_types", lambda *_args: ())
+        # the winner's context check fills 90% of an 8K context of the F16 file; it is
+        # test_tuner's and the wizard's to check, not this file's
+        patch.setattr(tuner, "_audit", lambda *_args: (None, None))
         patch.setattr(busy, "REPEAT_NOISE_BOUND", math.inf)  # stores and reuses, when shared
         patch.setenv("HEARTHSIDE_HOME", str(files.folder / "home"))  # module-wide: not per test
         with WisdomDB(files.folder / "wisdom.db") as wisdom:
