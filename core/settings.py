@@ -31,7 +31,14 @@ log = logging.getLogger(__name__)
 ENV_PREFIX = "HEARTHSIDE_"
 SETTINGS_FILE_NAME = "settings.json"
 # What the window may write; everything else in the schema stays with flags and the env.
-FILE_FIELDS = ("context_size", "threads", "hub_endpoint", "hub_token", "idle_unload_s")
+FILE_FIELDS = (
+    "context_size",
+    "threads",
+    "hub_endpoint",
+    "hub_token",
+    "idle_unload_s",
+    "idle_unload_chat",
+)
 
 
 class SettingsFileError(HearthsideError):
@@ -92,6 +99,12 @@ class Settings(BaseSettings):
         description="Unload a model the API has had no request for in this many seconds, so "
         "its memory returns; the next request loads it again. `serve` unloads its own model "
         "too, the window only models the API loaded on request. None: never.",
+    )
+    idle_unload_chat: bool = Field(
+        default=False,
+        description="With idle_unload_s: the window's own chat model unloads too after that "
+        "long without a chat while the Local API is off, and loads again when a message is "
+        "sent.",
     )
     max_queue: int = Field(
         default=8, ge=1, le=256, description="Requests that may wait for the engine at once."

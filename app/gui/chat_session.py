@@ -18,7 +18,7 @@ the ‹ › under a reply flips between versions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -103,6 +103,7 @@ class ChatSession(QObject):
         self._reply: _Reply | None = None
         self._used_tokens: int | None = None
         self._model_pending = False
+        self._after_wake: Callable[[], object] | None = None  # what waits for an idle model
         bridge.text_flushed.connect(self._on_text_flushed)
         writer.saved.connect(self._on_saved)
         writer.failed.connect(self.error)
@@ -110,7 +111,8 @@ class ChatSession(QObject):
         bridge.reply_failed.connect(self._on_reply_failed)
         bridge.load_started.connect(self.refresh_state)
         bridge.load_finished.connect(self._on_model_loaded)
-        bridge.load_failed.connect(self.refresh_state)
+        bridge.load_failed.connect(self._on_load_failed)
+        bridge.unloaded_idle.connect(self.refresh_state)
         pane.send_requested.connect(self.send)
         pane.stop_requested.connect(self.stop)
         pane.regenerate_requested.connect(self.regenerate)
@@ -126,9 +128,11 @@ class ChatSession(QObject):
         if self.bridge.generating or self._reply is not None:
             elsewhere = self._reply is not None and self._reply.conversation_id != self.current_id
             return "busy" if elsewhere else "generating"
-        if self._model_pending or self.bridge.loaded_model is None or self.bridge.loading:
+        if self._model_pending or self.bridge.loading:
             return "unavailable"
-        return "idle"
+        if self.bridge.loaded_model is None and self.bridge.asleep is None:
+            return "unavailable"
+        return "idle"  # a model unloaded for being idle loads again when a message is sent
 
     def set_model_pending(self, pending: bool) -> None:
         """A model is being prepared (installed, resolved) before it loads: no chatting."""
@@ -162,6 +166,24 @@ class ChatSession(QObject):
     def _on_model_loaded(self, _loaded: LoadedModel) -> None:
         self.refresh_state()
         self.context_changed.emit(self.context_use())
+        waiting, self._after_wake = self._after_wake, None
+        if waiting is not None:
+            waiting()
+
+    @Slot(object)
+    def _on_load_failed(self, _error: BaseException) -> None:
+        self._after_wake = None  # the window says why; sending again tries again
+        self.refresh_state()
+
+    def _woken_for(self, action: Callable[[], object]) -> bool:
+        """True when the model was unloaded for being idle: it loads again, then `action`
+        runs (the message is sent as soon as the model is back)."""
+        if self.bridge.loaded_model is not None or self.bridge.asleep is None:
+            return False
+        self._after_wake = action
+        self.bridge.wake()
+        self.refresh_state()
+        return True
 
     # ---- conversations -----------------------------------------------------------------
 
@@ -246,6 +268,8 @@ class ChatSession(QObject):
         text = text.strip()
         if not text or self.mode in ("generating", "busy"):
             return False
+        if self._woken_for(lambda: self.send(text)):
+            return True
         conversation = self._current_conversation()
         messages = self.store.messages(conversation.id)
         editing = self._message_being_edited(messages)
@@ -271,6 +295,8 @@ class ChatSession(QObject):
         user message left without a reply)."""
         if self.mode != "idle" or self.current_id is None:
             return False
+        if self._woken_for(self.regenerate):
+            return True
         conversation = self._current_conversation()
         messages = self.store.messages(conversation.id)
         previous = messages.pop() if messages and messages[-1].role == "assistant" else None

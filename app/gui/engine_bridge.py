@@ -84,6 +84,7 @@ class EngineBridge(QObject):
     speculation_live = Signal(object)  # SpeculationStats of the running reply, when they change
     reply_finished = Signal(object)  # GenerationResult (stop_reason "cancelled" when stopped)
     reply_failed = Signal(object)  # Exception
+    unloaded_idle = Signal(object)  # LoadedModel: unloaded for being idle; `wake` loads it
     engine_notice = Signal(object)  # EngineNotice: the worker crashed, restarted, or could not
     _job_done = Signal(object)  # the finished Job, sent from the engine thread
     _notice_posted = Signal(object)  # EngineNotice, sent from a service thread
@@ -104,6 +105,7 @@ class EngineBridge(QObject):
         self._reply: Job[GenerationResult] | None = None
         self._load: Job[Any] | None = None
         self._loaded: LoadedModel | None = None
+        self._asleep: LoadedModel | None = None  # unloaded for being idle, until a load succeeds
         # Queued even when the job finishes on this thread: listeners always hear of a job
         # after the call that started it has returned.
         self._job_done.connect(self._on_job_done, Qt.ConnectionType.QueuedConnection)
@@ -145,6 +147,11 @@ class EngineBridge(QObject):
     def loaded_model(self) -> LoadedModel | None:
         return self._loaded
 
+    @property
+    def asleep(self) -> LoadedModel | None:
+        """The model `unload_idle` unloaded, which `wake` loads again; None otherwise."""
+        return self._asleep
+
     # ---- commands ----------------------------------------------------------------------
 
     def load(
@@ -177,6 +184,23 @@ class EngineBridge(QObject):
             raise
         self.load_started.emit(name)
         self._notify_when_done(self._load, load_job)
+
+    def unload_idle(self) -> bool:
+        """Unload the local model to free its memory, remembering it for `wake`; False (and
+        nothing done) while a reply or a load runs, or when the model is a remote one."""
+        loaded = self._loaded
+        if loaded is None or loaded.is_remote or self._reply is not None or self._load:
+            return False
+        self._loaded, self._asleep = None, loaded
+        self.service.unload()
+        self.unloaded_idle.emit(loaded)
+        return True
+
+    def wake(self) -> None:
+        """Load the model `unload_idle` unloaded, with the settings it had."""
+        asleep = self._asleep
+        if asleep is not None and self._load is None:
+            self.load(asleep.config, asleep.name, asleep.model_id)
 
     def send(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> None:
         """Queue a reply to `messages`; raises a HearthsideError when it cannot be queued."""
@@ -263,7 +287,7 @@ class EngineBridge(QObject):
         if error is not None:
             self.load_failed.emit(error)
             return
-        self._loaded = job.future.result()
+        self._loaded, self._asleep = job.future.result(), None
         self.load_finished.emit(self._loaded)
 
 

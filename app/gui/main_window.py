@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, Signal, Slot
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QFrame,
@@ -76,6 +76,7 @@ from hearthside.app.gui.settings_dialog import (
     WindowSettings,
     changes_message,
     gather_settings,
+    idle_unload_text,
     keep_settings,
     parallel_text,
     read_parallel,
@@ -192,6 +193,9 @@ class MainWindow(QMainWindow):
         self.bridge = EngineBridge(service, parent=self)
         self.reply_writer = ReplyWriter(self.root, parent=self)
         self._preparing: BackgroundTask[PreparedModel] | None = None
+        self._idle_timer = QTimer(self)  # the chat model's idle unload, when asked for
+        self._idle_timer.setSingleShot(True)
+        self._idle_timer.timeout.connect(self._unload_if_idle)
         self._loading_remote: str | None = None  # the remote's name while connecting to it
         self._settings_why = ""  # where the loading settings came from (model tooltip)
         self._install_progress = MainThreadRelay(self._show_install_progress, self)
@@ -352,6 +356,11 @@ class MainWindow(QMainWindow):
         self.bridge.load_finished.connect(self._on_model_loaded)
         self.bridge.load_failed.connect(self._on_load_failed)
         self.bridge.load_retried.connect(self._on_load_retried)
+        self.bridge.unloaded_idle.connect(self._on_unloaded_idle)
+        for restart in (self.bridge.load_finished, self.bridge.reply_finished):
+            restart.connect(self.restart_idle_unload)
+        self.bridge.reply_failed.connect(self.restart_idle_unload)
+        self.api_switch.state_changed.connect(self.restart_idle_unload)
         self.models_page.load_requested.connect(self._load_requested_model)
         self.models_page.remote_load_requested.connect(self._load_requested_remote)
         self.models_page.models_changed.connect(self.plan_page.reload_models)
@@ -511,11 +520,49 @@ class MainWindow(QMainWindow):
         self._settings_why = why
         self.message_bar.show_text(why, error=False)
 
+    # ---- idle unload of the chat model (Settings: "Also the model you chat with here") ----
+
+    @Slot()
+    def restart_idle_unload(self) -> None:
+        """Count the chat model's idle time from now, when the user asked for it to unload."""
+        from hearthside.core.settings import Settings
+
+        self._idle_timer.stop()
+        if self._shut_down:
+            return
+        settings = Settings()
+        if settings.idle_unload_chat and settings.idle_unload_s and self.bridge.loaded_model:
+            self._idle_timer.start(settings.idle_unload_s * 1000)
+
+    @Slot()
+    def _unload_if_idle(self) -> None:
+        # The Local API may be using the model (turning it off starts the count again); a
+        # reply or a load restarts the count when it ends.
+        if self.api_switch.running or self.session.mode != "idle" or self._preparing is not None:
+            return
+        self.bridge.unload_idle()
+
+    @Slot(object)
+    def _on_unloaded_idle(self, model: LoadedModel) -> None:
+        from hearthside.core.settings import Settings
+
+        idle = idle_unload_text(Settings().idle_unload_s)
+        self.model_label.setText(f"{model.name} (unloaded while idle)")
+        self.speed_label.clear()
+        self.message_bar.show_text(
+            f"{model.name} was unloaded {idle} without a chat, so its memory is free for other "
+            "programs. It loads again when you send a message (that takes a few seconds).",
+            error=False,
+        )
+
     @Slot(object)
     def _on_load_failed(self, error: BaseException) -> None:
         remote, self._loading_remote = self._loading_remote, None
-        self.model_label.setText("No model loaded")
-        self.chat_pane.set_mode("unavailable")
+        asleep = self.bridge.asleep
+        self.model_label.setText(
+            f"{asleep.name} (unloaded while idle)" if asleep else "No model loaded"
+        )
+        self.session.refresh_state()  # unavailable, unless sending may try the idle model again
         if remote is not None:
             self.show_error(error, prefix=f"Could not connect to the server {remote}. ")
         else:
@@ -669,6 +716,7 @@ class MainWindow(QMainWindow):
             n_ctx=after.n_ctx,
             n_threads=after.n_threads,
         )
+        self.restart_idle_unload()
         message = changes_message(before, after, model_names)
         if message:
             self.message_bar.show_text(message, error=False)
@@ -838,6 +886,7 @@ class MainWindow(QMainWindow):
         if self.optimize_wizard is not None:
             self.optimize_wizard.cancel_measuring()
         self.api_switch.stop()
+        self._idle_timer.stop()
         self.session.stop()
         self.session.finish_pending_reply()
         self.reply_writer.close()

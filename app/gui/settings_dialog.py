@@ -28,6 +28,7 @@ from pathlib import Path
 from PySide6.QtCore import QSettings, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -67,9 +68,15 @@ TOKEN_TIP = (
 IDLE_UNLOAD_TIP = (
     "A model the Local API loaded because a request named it, and that no request has used "
     "for this long, is unloaded so its memory is free for other programs; the next request "
-    "for it waits while it loads again. The model you chat with here stays loaded. "
-    "Applies the next time the Local API is turned on."
+    "for it waits while it loads again. The model you chat with here stays loaded unless "
+    "you tick the box below. Applies the next time the Local API is turned on."
 )
+IDLE_CHAT_TIP = (
+    "Unload the model you chat with here too, after the same time without a chat, so its "
+    "memory is free for other programs; sending a message loads it again (a few seconds). "
+    "Never while the Local API is on: it may be answering with that model."
+)
+IDLE_CHAT_TEXT = "Also the model you chat with here (it loads again when you send a message)"
 NEVER_TEXT = "Never"
 MAX_IDLE_MINUTES = 24 * 60
 OUTSIDE_NOTE = "Set outside Hearthside for this run; your choice here applies once that is gone."
@@ -121,6 +128,7 @@ class WindowSettings:
     hub_token: str = ""
     default_model_id: str | None = None
     idle_unload_s: int | None = None  # the Local API's idle unload (None: never)
+    idle_unload_chat: bool = False  # the window's own chat model too, after the same time
 
 
 SETTING_NAMES = {
@@ -132,6 +140,7 @@ SETTING_NAMES = {
     "hub_token": "Hub access token",
     "default_model_id": "Default model",
     "idle_unload_s": "Unload idle API models",
+    "idle_unload_chat": "Unload the idle chat model too",
 }
 
 
@@ -152,6 +161,7 @@ def change_text(name: str, value: WindowSettings, model_names: dict[str, str]) -
         "idle_unload_s": lambda: (
             f"{idle_unload_text(value.idle_unload_s)} (from the next time the API is turned on)"
         ),
+        "idle_unload_chat": lambda: "yes" if value.idle_unload_chat else "no",
     }
     return f"{SETTING_NAMES[name]}: {words[name]()}"
 
@@ -240,6 +250,12 @@ class SettingsDialog(QDialog):
         self.idle_box.setSuffix(" minutes")
         self.idle_box.setValue(_minutes(current.idle_unload_s))
         self._row("Unload &idle API models after:", self.idle_box, IDLE_UNLOAD_TIP)
+        self.idle_chat_box = QCheckBox(IDLE_CHAT_TEXT, self)
+        self.idle_chat_box.setChecked(current.idle_unload_chat)
+        self.idle_chat_box.setToolTip(IDLE_CHAT_TIP)
+        self.idle_chat_box.setEnabled(self.idle_box.value() > 0)  # after the time above
+        self.idle_box.valueChanged.connect(lambda value: self.idle_chat_box.setEnabled(value > 0))
+        self.form.addRow("", self.idle_chat_box)
 
     def _build_hub_rows(self) -> None:
         self.hub_edit = QLineEdit(self._current.hub_endpoint, self)
@@ -275,6 +291,7 @@ class SettingsDialog(QDialog):
             "hub_token": self.token_edit,
             "parallel": self.parallel_box,
             "idle_unload_s": self.idle_box,
+            "idle_unload_chat": self.idle_chat_box,
         }
         field = fields.get(name)
         if field is not None:
@@ -300,6 +317,7 @@ class SettingsDialog(QDialog):
             hub_token=self.token_edit.text().strip(),
             default_model_id=str(model_id) if model_id is not None else None,
             idle_unload_s=self._idle_unload_s(),
+            idle_unload_chat=self.idle_chat_box.isChecked(),
         )
 
     def _idle_unload_s(self) -> int | None:
@@ -348,6 +366,7 @@ def gather_settings(
         hub_token=token,
         default_model_id=default_id,
         idle_unload_s=settings.idle_unload_s,
+        idle_unload_chat=settings.idle_unload_chat,
     )
     return current, models
 
@@ -363,6 +382,7 @@ def set_outside_fields() -> list[str]:
         "hub_endpoint": "hub_endpoint",
         "hub_token": "hub_token",
         "idle_unload_s": "idle_unload_s",
+        "idle_unload_chat": "idle_unload_chat",
     }
     return [name for name, field in schema_names.items() if set_outside(field)]
 
@@ -383,6 +403,7 @@ def keep_settings(before: WindowSettings, after: WindowSettings, root: Path) -> 
         "hub_endpoint": ("hub_endpoint", after.hub_endpoint),
         "hub_token": ("hub_token", after.hub_token or None),
         "idle_unload_s": ("idle_unload_s", after.idle_unload_s),
+        "idle_unload_chat": ("idle_unload_chat", after.idle_unload_chat or None),
     }
     wanted = dict(in_file[name] for name in changed if name in in_file)
     if wanted:

@@ -229,3 +229,31 @@ def test_the_api_idle_unload_is_kept_in_seconds_and_used_when_the_api_starts(
     dialog.accept()
     assert "Unload idle API models: never" in window.message_bar.text
     assert "idle_unload_s" not in json.loads((hearthside_home / SETTINGS_FILE_NAME).read_text())
+
+
+def test_the_chat_model_unloads_too_only_when_ticked_and_only_with_an_idle_time(
+    make_window: WindowFactory, hearthside_home: Path
+) -> None:
+    window = make_window()
+    window.edit_settings()
+    dialog = window.settings_dialog
+    assert isinstance(dialog, SettingsDialog)
+    assert not dialog.idle_chat_box.isChecked()
+    assert not dialog.idle_chat_box.isEnabled()  # "Never" above: nothing to unload after
+    dialog.idle_box.setValue(5)
+    assert dialog.idle_chat_box.isEnabled()
+    dialog.idle_chat_box.setChecked(True)
+    dialog.accept()
+    assert "Unload the idle chat model too: yes" in window.message_bar.text
+    stored = json.loads((hearthside_home / SETTINGS_FILE_NAME).read_text())
+    assert stored == {"idle_unload_s": 300, "idle_unload_chat": True}
+    assert Settings().idle_unload_chat
+
+    window.edit_settings()
+    dialog = window.settings_dialog
+    assert isinstance(dialog, SettingsDialog)
+    assert dialog.idle_chat_box.isChecked() and dialog.idle_chat_box.isEnabled()
+    dialog.idle_chat_box.setChecked(False)
+    dialog.accept()
+    assert "Unload the idle chat model too: no" in window.message_bar.text
+    assert json.loads((hearthside_home / SETTINGS_FILE_NAME).read_text()) == {"idle_unload_s": 300}
