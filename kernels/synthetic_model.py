@@ -175,13 +175,16 @@ SHAPES: dict[str, SyntheticShape] = {
         n_ff_expert=768,
         context_length=40960,
     ),
-    # DeepSeek-V2-Lite's widths with V3's query compression: latent attention at a size people run
+    # DeepSeek-V2-Lite's widths with V3's query compression: latent attention at a size people
+    # run. 28 layers, not Lite's 27: llama.cpp reads a 26- or 27-layer deepseek2 as V2-Lite,
+    # whose queries are not compressed, and refuses the file. One KV head, as llama.cpp's
+    # converter writes MLA models (a tiny one with 4 fails a shape assertion).
     "deepseek2-16b": SyntheticShape(
         "deepseek2",
-        27,
+        28,
         2048,
         16,
-        16,
+        1,
         10944,
         n_vocab=102400,
         head_dim=192,
