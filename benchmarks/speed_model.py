@@ -13,6 +13,7 @@ apart, by how much each one shaped the speed model.
    (c) The unseen set (`--unseen`), never predicted before this benchmark existed: the models
    people run, in real shapes with random weights: Llama 3.1 8B Q4_K_M (~4.9 GB), Qwen3 30B-A3B
    Q2_K (~11 GB, 128 experts, 8 active) and a DeepSeek-V2-Lite-sized latent-attention MoE
+   (28 layers: llama.cpp reads 27 as V2-Lite without query compression)
    (deepseek2, an architecture the model had never predicted) in Q4_0. They are GBs each, so
    each is loaded alone and measured in its own rounds.
 3. Each model's types that the calibration did not measure are first predicted "estimated
