@@ -353,26 +353,11 @@ def tune(
         if variants is None:
             variants, variant_notes = installed_variants(model_path)
             notes += variant_notes
-        calibration = calibration_for(profile, db)
-        # one slot: a run measures one request, and loads add the slots (load_settings.py)
-        # the longest-context goal plans the longest context that fits, the others chat's
-        context = None if goal == "longest-context" else TUNING_CONTEXT
-        planned = plan(
-            spec,
-            profile,
-            goal=goal,
-            n_ctx=context,
-            calibration=calibration,
-            n_parallel=1,
-            kv_priors=kv_priors(db, spec.architecture, key.model),
-        )
-        base = replace(planned.config, model_path=str(model_path))
-        baseline_config = llama_cpp_defaults(str(model_path), profile, base.n_ctx)
-        python_config = llama_cpp_python_defaults(str(model_path))
-        queue = _queue(baseline_config, base, python_config, profile)
-        predictions = predicted_speeds(spec, profile, queue, calibration)
-        audit_s = estimated_audit_s(base.n_ctx, planned.speed.prefill_tps, planned.speed.decode_tps)
-        clock.split(audit_s, speculation=speculation, variants=bool(variants))
+        prepared = _prepare(model_path, profile, goal, db, key, spec)
+        calibration, planned = prepared.calibration, prepared.planned
+        baseline_config, python_config = prepared.baseline, prepared.python
+        queue, predictions = prepared.queue, prepared.predictions
+        clock.split(prepared.audit_s, speculation=speculation, variants=bool(variants))
         roles = [_role(baseline_config, python_config, config) for config in queue]
         announce = _with_roles(notify, roles)
         runs = _measure_candidates(
@@ -458,6 +443,49 @@ def tune(
     finally:
         if owned:
             db.close()
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What a tuning run measures, in order, and what the planner predicts for it."""
+
+    calibration: dict[str, float]
+    planned: Plan
+    baseline: EngineConfig  # llama.cpp's defaults
+    python: EngineConfig  # llama-cpp-python's defaults
+    queue: list[EngineConfig]
+    predictions: list[SpeedEstimate | None]
+    audit_s: float  # the pick's context audit, from the planner's speeds
+
+
+def _prepare(
+    model_path: Path,
+    profile: HardwareProfile,
+    goal: Goal,
+    db: WisdomDB,
+    key: TuningKey,
+    spec: ModelSpec,
+) -> _Prepared:
+    calibration = calibration_for(profile, db)
+    # one slot: a run measures one request, and loads add the slots (load_settings.py)
+    # the longest-context goal plans the longest context that fits, the others chat's
+    context = None if goal == "longest-context" else TUNING_CONTEXT
+    planned = plan(
+        spec,
+        profile,
+        goal=goal,
+        n_ctx=context,
+        calibration=calibration,
+        n_parallel=1,
+        kv_priors=kv_priors(db, spec.architecture, key.model),
+    )
+    base = replace(planned.config, model_path=str(model_path))
+    baseline = llama_cpp_defaults(str(model_path), profile, base.n_ctx)
+    python = llama_cpp_python_defaults(str(model_path))
+    queue = _queue(baseline, base, python, profile)
+    predictions = predicted_speeds(spec, profile, queue, calibration)
+    audit_s = estimated_audit_s(base.n_ctx, planned.speed.prefill_tps, planned.speed.decode_tps)
+    return _Prepared(calibration, planned, baseline, python, queue, predictions, audit_s)
 
 
 def _queue(
