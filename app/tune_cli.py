@@ -35,10 +35,12 @@ from hearthside.autotune.optimize import (
     VariantRun,
     coverage_text,
     measure,
+    tune_costs,
     untested_rivals,
     variant_pick_text,
     variant_text,
     verdict,
+    wait_text,
 )
 from hearthside.autotune.planner import Goal
 from hearthside.autotune.records import RunRecord
@@ -75,6 +77,10 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_run_tune)
 
 
+# the budgets `tune` names when the one asked for is too short: whole quarter-minutes, to an hour
+WAIT_STEP_S, WAIT_MAX_S = 15.0, 3600.0
+
+
 def _run_tune(args: argparse.Namespace) -> int:
     with ModelStore(data_dir()) as store:
         model_path = resolve_model_path(store, args.model)
@@ -88,6 +94,11 @@ def _run_tune(args: argparse.Namespace) -> int:
         rigor="thorough" if args.thorough else "quick",
         save_default=True,
     )
+    if not args.json:  # the wait and what it measures, before it starts
+        costs = tune_costs(
+            model_path, profile, args.goal, calibrate_first=False, rigor=request.rigor
+        )
+        print(wait_text(args.budget_s, costs, step_s=WAIT_STEP_S, max_s=WAIT_MAX_S).text)
     with ProgressLine("Tuning") as line:
         result = measure(request, threading.Event(), lambda update: _show(line, update))
     if result is None:  # only a request without a model or a cancelled one ends so

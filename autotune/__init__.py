@@ -50,6 +50,7 @@ PARTS: dict[str, str] = {
     "tune_budget": MEASURE,
     "tune_quality": MEASURE,
     "tune_types": MEASURE,
+    "tune_wait": MEASURE,
     "tuner": MEASURE,
     "type_costs": MEASURE,
     # doors

@@ -44,6 +44,12 @@ from hearthside.autotune.memory import WeightPiece, pieces_from_gguf, pieces_fro
 from hearthside.autotune.planner import DEFAULT_FREE_MARGIN_BYTES, Goal, Plan, Reason, plan
 from hearthside.autotune.records import Rigor, RunRecord, config_key
 from hearthside.autotune.speed_limit import SpeedOfLight
+from hearthside.autotune.tune_wait import (
+    WORTH_MEASURING,
+    TuneCosts,
+    budget_measuring,
+    expected_wait,
+)
 
 # The tuner's result and events, for the callers of `measure` (the CLI, the wizard).
 from hearthside.autotune.tuner import TUNING_CONTEXT as TUNING_CONTEXT
@@ -52,7 +58,7 @@ from hearthside.autotune.tuner import TuneEvent as TuneEvent
 from hearthside.autotune.tuner import TuneResult as TuneResult
 from hearthside.autotune.tuner import VariantRun as VariantRun
 from hearthside.autotune.tuner import llama_cpp_defaults as llama_cpp_defaults
-from hearthside.autotune.tuner import save_tuned_defaults, tune
+from hearthside.autotune.tuner import save_tuned_defaults, tune, tuning_costs
 from hearthside.autotune.type_costs import (
     describe_type_cost,
     measure_type_costs,
@@ -85,7 +91,7 @@ from hearthside.core.models.store import (
 )
 from hearthside.core.paths import data_dir
 from hearthside.core.probe.profile import HardwareProfile
-from hearthside.core.units import format_bytes
+from hearthside.core.units import format_bytes, format_duration
 from hearthside.kernels import calibrate as calibration_kernels
 from hearthside.kernels.calibrate import run_calibration
 from hearthside.kernels.results import CalibrationReport
@@ -338,6 +344,74 @@ def _kv_priors(ref: str, spec: ModelSpec) -> dict[str, RunQuality]:
     """The KV types' quality measured on this model, else on its family, on this machine."""
     with WisdomDB() as wisdom:
         return kv_priors_of(wisdom, spec.architecture, registered_file(ref))
+
+
+# ---- the wait, said before it starts -------------------------------------------------------
+
+
+def tune_costs(
+    model_path: Path,
+    profile: HardwareProfile,
+    goal: Goal,
+    *,
+    calibrate_first: bool,
+    rigor: Rigor = "quick",
+) -> TuneCosts:
+    """What tuning `model_path` costs here, said before it starts (`autotune/tune_wait.py`).
+    Blocking (reads the model and the autotune DB)."""
+    with WisdomDB() as db:
+        return tuning_costs(
+            model_path,
+            profile,
+            db,
+            goal=goal,
+            rigor=rigor,
+            calibration_s=CALIBRATION_BUDGET_S if calibrate_first else 0.0,
+        )
+
+
+@dataclass(frozen=True)
+class WaitText:
+    text: str
+    too_short: bool  # the budget misses llama.cpp's defaults or the two ranked best
+    better_budget_s: float | None  # the shortest budget that measures them, when one does
+
+
+def wait_text(budget_s: float, costs: TuneCosts, *, step_s: float, max_s: float) -> WaitText:
+    """What a person waits in all for `budget_s` and what that measures, before starting.
+    When it cannot measure llama.cpp's defaults and the two settings the predictions rank
+    best, it says so, and which budget (in steps of `step_s`, up to `max_s`) would."""
+    wait = expected_wait(budget_s, costs)
+    head = f"You wait about {format_duration(wait.total_s)}"
+    if costs.calibration_s:
+        head += (
+            f": about {format_duration(costs.calibration_s)} calibrating, then "
+            f"{format_duration(budget_s)} measuring"
+        )
+    wanted = min(WORTH_MEASURING, costs.candidates)
+    if wait.measured >= wanted:
+        others = wait.measured - 1
+        text = (
+            f"{head}. That measures llama.cpp's defaults and about {others} of the "
+            f"{costs.candidates - 1} other settings, those predicted fastest first."
+        )
+        return WaitText(text, False, budget_s)
+    one = f"one setting takes about {format_duration(costs.candidate_s)} here"
+    needed = budget_measuring(costs, wanted, step_s=step_s, max_s=max_s)
+    if needed is None:
+        tail = (
+            f"even {format_duration(max_s)} would not reach the next setting predicted "
+            f"fastest ({one})"
+        )
+    else:
+        tail = (
+            f"{format_duration(needed)} would also measure the next setting predicted "
+            f"fastest ({one})"
+        )
+    rest = wait.measured - 1
+    measured_too = f"{rest} other setting{'s' if rest != 1 else ''}"
+    text = f"{head}, which measures only llama.cpp's defaults and {measured_too}: {tail}."
+    return WaitText(text, True, needed)
 
 
 # ---- the result's words ------------------------------------------------------------------------

@@ -52,6 +52,9 @@ class RunRecord:
     # (max - min) / median of its repetitions, the worse of prefill's and decode's: how far
     # they disagreed (`autotune/busy.py`); None for a run measured otherwise or before it
     repeat_spread: float | None = None
+    # how long measuring it took here, a worker start and the model's load included: what the
+    # next tuning of this model expects one candidate to cost (`tune_wait.py`)
+    seconds: float | None = None
 
     @property
     def config_key(self) -> str:

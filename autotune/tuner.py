@@ -76,6 +76,7 @@ from hearthside.autotune.speculative import (
     speculative_key,
 )
 from hearthside.autotune.tune_budget import (
+    ENGINE_LOAD_S,
     MIN_AUDIT_S,
     PhaseNote,
     TuneClock,
@@ -90,6 +91,8 @@ from hearthside.autotune.tune_quality import (
     variant_quality,
 )
 from hearthside.autotune.tune_types import measure_missing_types
+from hearthside.autotune.tune_wait import WORTH_MEASURING, TuneCosts
+from hearthside.autotune.type_costs import model_weight_types, unmeasured_types
 from hearthside.autotune.wisdom import (
     Outcome,
     Rigor,
@@ -111,7 +114,7 @@ from hearthside.core.engine.worker_engine import WorkerEngine
 from hearthside.core.errors import EngineCrashedError, EngineError, EngineOutOfMemoryError
 from hearthside.core.models.spec import ModelSpec, spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
-from hearthside.kernels.engine_run import candidate_thread_counts
+from hearthside.kernels.engine_run import PROBE_TYPES, candidate_thread_counts
 from hearthside.kernels.measurement import spread_of
 
 # "unmeasured": a candidate the budget cut off (never started, or stopped at its deadline)
@@ -134,6 +137,9 @@ QUICK = BenchSize(n_prompt=128, n_gen=32, repetitions=3, warmup_s=0.3)
 THOROUGH = BenchSize(n_prompt=512, n_gen=128, repetitions=5, warmup_s=1.0)
 TUNING_CONTEXT = CHAT_CONTEXT  # measured at the context a chat runs, so Apply keeps it
 OOM_RETRY_FREE_RATIO = 1.5  # an out-of-memory load is tried again with this much more free
+# A model's load in a fresh worker beyond its start (`ENGINE_LOAD_S`): mapping the file from
+# the page cache and repacking its weights for this CPU.
+LOAD_BYTES_PER_S = 1.0e9
 
 
 @dataclass(frozen=True)
@@ -484,8 +490,64 @@ def _prepare(
     python = llama_cpp_python_defaults(str(model_path))
     queue = _queue(baseline, base, python, profile)
     predictions = predicted_speeds(spec, profile, queue, calibration)
+    fixed = len(_unique([baseline, base]))
+    order = _ranked(queue, predictions, fixed, python)
+    queue, predictions = [queue[i] for i in order], [predictions[i] for i in order]
     audit_s = estimated_audit_s(base.n_ctx, planned.speed.prefill_tps, planned.speed.decode_tps)
     return _Prepared(calibration, planned, baseline, python, queue, predictions, audit_s)
+
+
+def tuning_costs(
+    model_path: Path,
+    profile: HardwareProfile,
+    db: WisdomDB,
+    *,
+    goal: Goal = "fastest",
+    rigor: Rigor = "quick",
+    calibration_s: float = 0.0,
+    speculation: bool = True,
+) -> TuneCosts:
+    """What tuning `model_path` here costs, before it starts (`tune_wait.py`): one
+    candidate's time from this model's runs here when there are some, else from the plan's
+    speeds and the model's size; a calibration first when `calibration_s`."""
+    key = tuning_key(profile, model_path)
+    spec = spec_from_gguf(model_path)
+    prepared = _prepare(model_path, profile, goal, db, key, spec)
+    runs = db.runs(key, outcome="ok")
+    seconds = [run.seconds for run in runs if run.seconds and run.rigor == rigor]
+    size = THOROUGH if rigor == "thorough" else QUICK
+    candidate_s = statistics.median(seconds) if seconds else _estimated_candidate_s(prepared, size)
+    types = model_weight_types(pieces_from_spec(spec))
+    # a calibration first measures its probes' types and makes any others estimated again
+    missing = (
+        [name for name in types if name not in PROBE_TYPES]
+        if calibration_s
+        else unmeasured_types(types, prepared.calibration)
+    )
+    return TuneCosts(
+        candidate_s=candidate_s,
+        source="measured" if seconds else "estimated",
+        candidates=len(prepared.queue),
+        audit_s=prepared.audit_s,
+        missing_types=len(missing),
+        calibrated=calibration_s > 0 or db.latest_calibration(key.machine) is not None,
+        calibration_s=calibration_s,
+        speculation=speculation,
+        variants=bool(installed_variants(model_path)[0]),
+    )
+
+
+def _estimated_candidate_s(prepared: _Prepared, size: BenchSize) -> float:
+    """A worker start, the model's load and `size`'s timed warm-ups and repetitions of the
+    prompt and the decode test, at the planner's speeds for its pick."""
+    speed = prepared.planned.speed
+    weights = sum(device.weights_bytes for device in prepared.planned.devices)
+    load_s = ENGINE_LOAD_S + weights / LOAD_BYTES_PER_S
+    prompt_s = size.n_prompt / max(speed.prefill_tps_at(size.n_prompt), 1e-3)
+    decode_s = size.n_gen / max(speed.decode_tps_empty_context or speed.decode_tps, 1e-3)
+    # each test: a warm-up of at least one run and `warmup_s`, then its repetitions
+    tests_s = sum(max(one, size.warmup_s) + size.repetitions * one for one in (prompt_s, decode_s))
+    return load_s + tests_s
 
 
 def _queue(
@@ -494,6 +556,36 @@ def _queue(
     """llama.cpp's defaults (the headline's comparison), the planner's pick, its variations,
     then llama-cpp-python's defaults (a second comparison, when the budget reaches it)."""
     return _unique([baseline, base, *candidates(base, profile), python])
+
+
+def _ranked(
+    queue: Sequence[EngineConfig],
+    predictions: Sequence[SpeedEstimate | None],
+    fixed: int,
+    python: EngineConfig,
+) -> list[int]:
+    """The order to measure `queue` in (indices): its first `fixed` (llama.cpp's defaults and
+    the planner's pick), then the variations the cost model ranks fastest (predicted decode
+    at an empty context, what a run measures), so that the shortest budget measures the
+    defaults and the two settings ranked best (`tune_wait.WORTH_MEASURING`), then the rest
+    in their order (the KV-cache types before the micro-batches), llama-cpp-python's
+    defaults last."""
+    python_key = config_key(python.to_dict())
+    rest = [
+        index
+        for index in range(fixed, len(queue))
+        if config_key(queue[index].to_dict()) != python_key
+    ]
+    ranked = sorted(rest, key=lambda index: -_empty_context_decode(predictions[index]))
+    promoted = ranked[: max(0, WORTH_MEASURING - fixed)]
+    others = [index for index in range(fixed, len(queue)) if index not in promoted]
+    return [*range(fixed), *promoted, *others]
+
+
+def _empty_context_decode(speed: SpeedEstimate | None) -> float:
+    if speed is None:
+        return 0.0
+    return speed.decode_tps_empty_context or speed.decode_tps
 
 
 def _choice_for_chat(run: RunRecord, python_defaults: RunRecord | None, uses_swa: bool) -> bool:
@@ -974,6 +1066,7 @@ def _measure(
     """llama-bench style runs of `config`; `timeout` when `watchdog` had to stop them."""
     settings = config.to_dict()
     limit_s = watchdog.limit_s()
+    started = time.monotonic()
     prediction = (
         {"decode_tps": speed.decode_tps, "prefill_tps": speed.prefill_tps}
         if speed is not None
@@ -1020,6 +1113,7 @@ def _measure(
         memory=memory,
         predicted=prediction,
         repeat_spread=max(spread_of(prefill.samples_tok_s), spread_of(decode.samples_tok_s)),
+        seconds=time.monotonic() - started,
     )
 
 

@@ -224,10 +224,16 @@ def _add_repeat_spread(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE runs ADD COLUMN repeat_spread REAL")
 
 
+def _add_run_seconds(conn: sqlite3.Connection) -> None:
+    """Schema 8: how long each run took to measure here (`RunRecord.seconds`), so a tuning
+    says beforehand how long it will take (`autotune/tune_wait.py`)."""
+    conn.execute("ALTER TABLE runs ADD COLUMN seconds REAL")
+
+
 WISDOM = DatabaseKind(
     label="the autotune database (wisdom.db)",
     file_name="wisdom.db",
-    schema_version=7,
+    schema_version=8,
     migrations={
         0: _create_schema_v1,
         1: _add_capacity_audits,
@@ -236,6 +242,7 @@ WISDOM = DatabaseKind(
         4: _add_quality,
         5: _add_quality_architecture,
         6: _add_repeat_spread,
+        7: _add_run_seconds,
     },
     error=WisdomError,
 )
@@ -283,7 +290,7 @@ class WisdomDB:
             cursor = self._conn.execute(
                 "INSERT INTO runs (machine, engine, model, config_key, config, rigor, outcome, "
                 "prefill_tps, decode_tps, ttft_s, memory, predicted, error, created_at, "
-                "repeat_spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "repeat_spread, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 _run_row(stamped),
             )
         return replace(stamped, id=cursor.lastrowid)
@@ -589,8 +596,8 @@ class WisdomDB:
                     added["runs"] += self._conn.execute(
                         "INSERT OR IGNORE INTO runs (machine, engine, model, config_key, config, "
                         "rigor, outcome, prefill_tps, decode_tps, ttft_s, memory, predicted, "
-                        "error, created_at, repeat_spread) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "error, created_at, repeat_spread, seconds) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         row,
                     ).rowcount
                 defaults = [{**item, "run_id": None} for item in document.get("defaults", [])]
@@ -684,6 +691,7 @@ def _run_row(run: RunRecord) -> tuple[Any, ...]:
         run.error,
         run.created_at,
         run.repeat_spread,
+        run.seconds,
     )
 
 
@@ -702,6 +710,7 @@ def _run_from_row(row: sqlite3.Row) -> RunRecord:
         created_at=row["created_at"],
         id=row["id"],
         repeat_spread=row["repeat_spread"],
+        seconds=row["seconds"],
     )
 
 

@@ -1,4 +1,4 @@
-"""The one place byte units are defined and byte counts become words.
+"""The one place byte units are defined and byte counts (and waits) become words.
 
 Hearthside counts memory and file sizes in binary units and labels them as such (KiB, MiB,
 GiB): that is how RAM and VRAM come (a "16 GB" module holds 16 GiB), how llama.cpp and the
@@ -32,3 +32,15 @@ def format_bytes(size_bytes: float | None, unknown: str = UNKNOWN) -> str:
     if size >= KIB:
         return f"{sign}{size / KIB:.0f} KiB"
     return f"{sign}{size:.0f} bytes"
+
+
+def format_duration(seconds: float) -> str:
+    """A wait in words a person reads: "45 s", "1 min 30 s", "10 min", "1 h 5 min"."""
+    total = max(0, round(seconds))
+    minutes, rest = divmod(total, 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"

@@ -10,9 +10,14 @@
    calibrated, with an offer to do so. A calibration, and every tuning run, changes the
    machine's figures: `measured` says so, Apply or not.
 2. Goal and model: the planner's four goals; the registered models plus catalog models the
-   planner says fit here (those cannot be measured: they get a plan only); the time budget.
-3. Measuring: the tuner on the chosen model, live, with a chart of its candidates; those the
-   time budget cut off show as "not measured", never as failed.
+   planner says fit here (those cannot be measured: they get a plan only); the time budget,
+   and under it the whole wait (a calibration first included) and what it measures, worked
+   out for the chosen model from this machine's costs (`optimize.wait_text`): amber, with
+   the budget that would do, when it cannot reach the defaults and the two settings the
+   predictions rank best.
+3. Measuring: the tuner on the chosen model, live, with a chart of its candidates and the
+   time since Start against that whole wait; those the time budget cut off show as "not
+   measured", never as failed.
 4. Result: the chosen settings beside llama.cpp's own defaults, the measured speed-up (or,
    when candidates predicted to beat the defaults were not measured, "Measured N of M — about
    X more minutes would test the rest"), the reasons and the context check. Apply stores them
@@ -93,6 +98,7 @@ from hearthside.autotune.optimize import (
     MeasureUpdate,
     ModelChoice,
     SettingRow,
+    TuneCosts,
     TuneResult,
     apply_tuning,
     audit_text,
@@ -106,9 +112,11 @@ from hearthside.autotune.optimize import (
     quality_row,
     quality_text,
     settings_rows,
+    tune_costs,
     tuned_speed_of_light,
     variant_text,
     verdict,
+    wait_text,
 )
 from hearthside.autotune.planner import GOALS, Goal, Plan, Reason
 from hearthside.autotune.speed_limit import SpeedOfLight
@@ -123,7 +131,7 @@ from hearthside.core.errors import (
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
-from hearthside.core.units import format_bytes
+from hearthside.core.units import format_bytes, format_duration
 
 # What the wizard tunes for: the window's MachineContext, a profile (its context is read), a
 # callable that returns one, or None (a probe in a child process).
@@ -331,13 +339,6 @@ def _memory_text(total: int | None, available: int | None) -> str:
     return f"{text} ({format_bytes(available)} free)" if available is not None else text
 
 
-def _budget_text(seconds: int) -> str:
-    minutes, rest = divmod(seconds, 60)
-    if not minutes:
-        return f"{rest} s"
-    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
-
-
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
@@ -428,6 +429,7 @@ class FoundPage(QWizardPage):
             "predictions fit this machine."
         )
         self.calibrate_box.hide()
+        self.calibrate_box.toggled.connect(lambda _: self._wizard.refresh_wait())
         layout.addWidget(self.calibrate_box)
         layout.addStretch(1)
 
@@ -480,6 +482,7 @@ class GoalPage(QWizardPage):
         columns.setSpacing(24)
         columns.addLayout(self._build_goals(), 2)
         columns.addLayout(self._build_models(), 3)
+        self.budget.valueChanged.connect(lambda _: self.show_wait())
 
     def _build_goals(self) -> QVBoxLayout:
         layout = QVBoxLayout()
@@ -520,6 +523,10 @@ class GoalPage(QWizardPage):
         layout.addWidget(
             _label("More time measures more settings; stop whenever you like.", "muted")
         )
+        self.wait = _label("", "muted")
+        self.wait.setAccessibleName("How long you wait")
+        layout.addWidget(self.wait)
+        self.goal_group.buttonToggled.connect(lambda *_: self._wizard.refresh_wait())
         layout.addStretch(1)
         return layout
 
@@ -531,6 +538,7 @@ class GoalPage(QWizardPage):
         self.models.setAccessibleName("Models")
         self.models.setItemDelegate(ModelChoiceDelegate(self.models))
         self.models.currentItemChanged.connect(lambda *_: self.completeChanged.emit())
+        self.models.currentItemChanged.connect(lambda *_: self._wizard.refresh_wait())
         layout.addWidget(self.models, 1)
         self.model_note = _label(
             "Installed models are measured. Models marked “not installed” get a plan only: "
@@ -545,11 +553,36 @@ class GoalPage(QWizardPage):
         if seconds >= BUDGET_MIN_S and snapped != seconds:
             self.budget.setValue(snapped)
             return
-        self.budget_text.setText(_budget_text(seconds))
+        self.budget_text.setText(format_duration(seconds))
+
+    def show_wait(self) -> None:
+        """What the chosen budget makes a person wait in all, and what it measures, in amber
+        when it is too short to measure the settings predicted best."""
+        costs, choice = self._wizard.costs, self.choice()
+        if choice is not None and not choice.installed:
+            calibrating = self._wizard.calibrate_first
+            self.wait.setText(
+                f"A plan only, nothing is measured: you wait about "
+                f"{format_duration(CALIBRATION_BUDGET_S)} calibrating first."
+                if calibrating
+                else "A plan only, nothing is measured: it is ready in seconds."
+            )
+            self.wait.setStyleSheet("")
+            return
+        if costs is None:
+            self.wait.setText("")
+            return
+        said = wait_text(
+            float(self.budget.value()), costs, step_s=BUDGET_STEP_S, max_s=BUDGET_MAX_S
+        )
+        self.wait.setText(said.text)
+        self.wait.setStyleSheet("color: #8a5a00;" if said.too_short else "")
 
     def initializePage(self) -> None:  # noqa: N802 (Qt's name)
         if self.models.count() == 0:
             self._wizard.load_choices()
+        else:  # back from a run: it measured this model, so its costs are known better now
+            self._wizard.refresh_wait()
 
     def show_choices(self, choices: Sequence[ModelChoice], current: str | None) -> None:
         self.models.clear()
@@ -698,8 +731,6 @@ class MeasurePage(QWizardPage):
             if not self.stopping:
                 self.status.setText(f"Trying speculative decoding on the {event.workload} prompts…")
             return
-        if self.total == 0:
-            self._clock.restart()
         self.total = event.total
         self.chart.add_event(event, update.memory_bytes, update.outcome)
         if event.kind == "start" and not self.stopping:
@@ -712,13 +743,15 @@ class MeasurePage(QWizardPage):
     def _tick(self) -> None:
         if self.total == 0:
             return
-        elapsed = self._clock.seconds()
-        budget = self._wizard.budget_s
-        share = max(self.done_count / self.total, min(elapsed / budget, 1.0))
+        elapsed = self._clock.seconds()  # since Start: the calibration first counts too
+        wait = self._wizard.stated_wait_s
+        share = max(self.done_count / self.total, min(elapsed / wait, 1.0))
         self.progress.setRange(0, 100)
         self.progress.setValue(min(99, int(share * 100)))
-        text = f"{self.done_count} of {self.total} candidates · {elapsed:.0f} s of {budget:.0f} s"
-        if elapsed > budget and not self.stopping:
+        text = (
+            f"{self.done_count} of {self.total} candidates · {elapsed:.0f} s of about {wait:.0f} s"
+        )
+        if elapsed > wait and not self.stopping:
             text += " · time is up: finishing the candidate, then checking the winner's context"
         self.detail.setText(text)
 
@@ -1088,6 +1121,8 @@ class OptimizeWizard(QWizard):
         self.found: MachineContext | None = None
         self.choices: list[ModelChoice] | None = None
         self.choice: ModelChoice | None = None
+        self.costs: TuneCosts | None = None  # the chosen model's, for the goal page's wait
+        self._costs_asked: object = None
         self.tune_result: TuneResult | None = None
         self.applied_tuning: AppliedTuning | None = None
         self.applying = False  # Apply is saving on a worker thread
@@ -1114,6 +1149,11 @@ class OptimizeWizard(QWizard):
     @property
     def budget_s(self) -> float:
         return float(self.goal_page.budget.value())
+
+    @property
+    def stated_wait_s(self) -> float:
+        """The whole wait the goal page said: a calibration first, then the budget."""
+        return self.budget_s + (CALIBRATION_BUDGET_S if self.calibrate_first else 0.0)
 
     def start_survey(self) -> None:
         if self.found is not None or self._surveying:
@@ -1149,6 +1189,29 @@ class OptimizeWizard(QWizard):
     def show_choices(self, choices: Sequence[ModelChoice]) -> None:
         self.choices = list(choices)
         self.goal_page.show_choices(choices, self.current_model_id)
+        self.refresh_wait()
+
+    def refresh_wait(self) -> None:
+        """Work out (off the GUI thread) what tuning the chosen model costs here, then say
+        on the goal page how long the budget makes a person wait and what it measures."""
+        choice, found = self.goal_page.choice(), self.found
+        self.costs = None
+        self.goal_page.show_wait()
+        if choice is None or choice.path is None or found is None:
+            return
+        asked = (choice.path, self.goal_page.goal(), self.calibrate_first)
+        self._costs_asked = asked
+        run_in_background(
+            lambda: tune_costs(asked[0], found.profile, asked[1], calibrate_first=asked[2]),
+            lambda costs: self._show_costs(asked, costs),
+            lambda _error: None,  # no estimate: the page just says nothing of the wait
+        )
+
+    def _show_costs(self, asked: object, costs: TuneCosts) -> None:
+        if asked != self._costs_asked:  # the choice changed meanwhile
+            return
+        self.costs = costs
+        self.goal_page.show_wait()
 
     def start_measuring(self) -> None:
         choice = self.goal_page.choice()

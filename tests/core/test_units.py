@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hearthside.core.units import GB, GIB, KIB, MIB, format_bytes
+from hearthside.core.units import GB, GIB, KIB, MIB, format_bytes, format_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("app", "core", "autotune", "kernels")
@@ -142,3 +142,16 @@ def test_the_same_memory_reads_the_same_everywhere() -> None:
     ram = 25_300_000_000
     assert format_bytes(ram) == "23.6 GiB"
     assert GB == 10**9 and GIB == 1024**3
+
+
+def test_a_wait_reads_in_the_largest_units_that_keep_it_exact() -> None:
+    assert [format_duration(s) for s in (0, 45, 60, 90, 600, 3900, 7200)] == [
+        "0 s",
+        "45 s",
+        "1 min",
+        "1 min 30 s",
+        "10 min",
+        "1 h 5 min",
+        "2 h",
+    ]
+    assert format_duration(78.4) == "1 min 18 s"

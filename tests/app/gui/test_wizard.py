@@ -54,6 +54,7 @@ from hearthside.core.paths import data_dir
 from hearthside.core.probe.base import ProbeContext
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_hardware
+from hearthside.core.units import format_duration
 
 pytestmark = pytest.mark.gui
 
@@ -549,3 +550,30 @@ def test_a_failed_apply_says_why_and_what_to_do_and_keeps_the_wizard_open(
     with qtbot.waitSignal(wizard.applied, timeout=5_000):
         finish.click()  # the other writer is done: Apply again works
     assert not wizard.isVisible()
+
+
+def test_the_goal_page_says_the_whole_wait_and_a_budget_too_short_for_the_best_settings(
+    qtbot: QtBot, service: EngineService, registered: ModelRecord, profile: HardwareProfile
+) -> None:
+    """Before Start: the wait in all (a calibration first included) and what it measures; in
+    amber, with the budget that would do, when it cannot measure llama.cpp's defaults and
+    the two settings predicted fastest; a catalog model gets a plan only."""
+    wizard = OptimizeWizard(service, profile)
+    goal_page(qtbot, wizard, calibrate=True)
+    select(wizard, installed=True)
+    qtbot.waitUntil(lambda: wizard.costs is not None, timeout=PAGE_TIMEOUT_MS)
+    wait = wizard.goal_page.wait
+    set_budget(wizard, 600)
+    assert wait.text().startswith(
+        f"You wait about {format_duration(optimize.CALIBRATION_BUDGET_S + 600)}: about "
+        f"{format_duration(optimize.CALIBRATION_BUDGET_S)} calibrating, then 10 min measuring."
+    ), wait.text()
+    assert "llama.cpp's defaults and about" in wait.text() and "color" not in wait.styleSheet()
+
+    set_budget(wizard, 1)  # below what a person may pick: too short for a third setting
+    assert "which measures only llama.cpp's defaults and 1 other setting" in wait.text()
+    assert "would also measure the next setting predicted fastest" in wait.text()
+    assert "#8a5a00" in wait.styleSheet()
+
+    select(wizard, installed=False)
+    assert wait.text().startswith("A plan only, nothing is measured")
