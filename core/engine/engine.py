@@ -57,6 +57,7 @@ from hearthside.core.engine.stops import StopMatcher
 from hearthside.core.engine.template_free_llama import chat_template_for
 from hearthside.core.engine.templates import ChatTemplate
 from hearthside.core.engine.tensor_overrides import native_overrides
+from hearthside.core.engine.thread_governor import ThreadGovernor
 from hearthside.core.errors import (
     ContextOverflowError,
     EngineError,
@@ -146,6 +147,11 @@ class Engine:
         self.load_report = parse_load_log(log_lines)
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         self._abort = _AbortSwitch(self._llama.ctx)
+        # a reply's decode threads make way for other programs' busy cores (not the tuner's
+        # timed runs, `time_prefill`/`time_decode`: those measure the threads they were given)
+        self.threads = ThreadGovernor(
+            config.decode_threads, config.batch_threads, self._set_threads
+        )
         self.chat_template = self._make_chat_template()
         self._draft: CountingDraft | None = None
         self._scheduler: BatchScheduler | None = None
@@ -488,18 +494,23 @@ class Engine:
         # this one seeded request would make every later unseeded reply repeat it.
         unseeded = llama_cpp.LLAMA_DEFAULT_SEED  # llama.cpp draws a fresh random seed
         self._llama.set_seed(sampling.seed if sampling.seed is not None else unseeded)
-        return self._llama.generate(
-            list(prompt_tokens),
-            temp=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            min_p=sampling.min_p,
-            repeat_penalty=sampling.repeat_penalty,
-            presence_penalty=sampling.presence_penalty,
-            frequency_penalty=sampling.frequency_penalty,
-            grammar=self._checked_grammar(sampling.grammar),
-            reset=True,
+        return self.threads.governed(
+            self._llama.generate(
+                list(prompt_tokens),
+                temp=sampling.temperature,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                min_p=sampling.min_p,
+                repeat_penalty=sampling.repeat_penalty,
+                presence_penalty=sampling.presence_penalty,
+                frequency_penalty=sampling.frequency_penalty,
+                grammar=self._checked_grammar(sampling.grammar),
+                reset=True,
+            )
         )
+
+    def _set_threads(self, decode_threads: int, batch_threads: int) -> None:
+        llama_cpp.llama_set_n_threads(self._llama.ctx, decode_threads, batch_threads)
 
     def _checked_grammar(self, gbnf: str | None) -> LlamaGrammar | None:
         """A grammar llama.cpp has parsed once: llama-cpp-python would add a failed (NULL)
@@ -552,6 +563,7 @@ class Engine:
     def time_prefill(self, tokens: Sequence[int]) -> float:
         """Seconds to evaluate `tokens` into an empty cache (n_parallel 1 only)."""
         self._require_single_sequence("Benchmarking")
+        self.threads.restore()  # a benchmark measures the threads it was loaded with
         self._llama.reset()
         start = time.perf_counter()
         self._llama.eval(list(tokens))
@@ -561,6 +573,7 @@ class Engine:
         """Seconds to evaluate `tokens` one at a time after a single start token (n_parallel 1
         only)."""
         self._require_single_sequence("Benchmarking")
+        self.threads.restore()
         self._llama.reset()
         self._llama.eval(list(tokens[:1]))
         start = time.perf_counter()
