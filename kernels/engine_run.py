@@ -47,6 +47,7 @@ from hearthside.kernels.measurement import (
     Samples,
     measure_until_stable,
 )
+from hearthside.kernels.probe_host import ProbeEngine, ProbeHost
 from hearthside.kernels.synthetic_model import SyntheticShape, write_uniform_gguf
 
 if TYPE_CHECKING:
@@ -73,7 +74,6 @@ StepCallback = Callable[[str, float], None]
 MIN_ROUNDS = 3
 MAX_ROUNDS = 60
 LOADING_SHARE = 0.3  # of the progress: writing and loading the probes
-LOADING_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -373,7 +373,7 @@ class _Member:
     A thread variant (`source` set) shares its source's engine and token counts and sets
     `threads` (decode, batch) before each run; so does a source that has variants."""
 
-    engine: WorkerEngine
+    engine: WorkerEngine | ProbeEngine
     params: dict[str, Any]
     n_prompt: int = N_PROMPT
     n_gen: int = N_GEN
@@ -472,17 +472,24 @@ def _load_members(
     budget: Budget,
     step: StepCallback | None,
 ) -> tuple[list[_Member], list[Measurement]]:
-    """Load the model and write and load each probe; what cannot be loaded is reported.
-    Loads run in LOADING_THREADS threads beside the writing (each starts a worker process
-    and waits for it: ~1 s of a child's CPU); on 2 cores this phase went from 38 to 34 s."""
+    """Load the model in its own worker, and write the probes and load them into one host
+    worker (`ProbeHost`): two engine processes in all, however many probes. The model and
+    the probes load in two threads beside the writing (a load is mostly a child's CPU); on
+    2 cores this phase went from 38 to 34 s."""
     failed: list[Measurement] = []
-    loads: list[tuple[SpeedProbe | None, Future[WorkerEngine | str]]] = []
+    host = ProbeHost()
+    stack.callback(host.close)
+    shipped: Future[WorkerEngine | str] | None = None
+    probe_loads: list[tuple[SpeedProbe, Future[ProbeEngine | str]]] = []
     try:
-        with ThreadPoolExecutor(LOADING_THREADS, thread_name_prefix="probe-load") as pool:
+        with (
+            ThreadPoolExecutor(1, thread_name_prefix="model-load") as model_pool,
+            ThreadPoolExecutor(1, thread_name_prefix="probe-load") as probe_pool,
+        ):
             if model_path is None:
                 failed += not_measured(NO_MODEL_NOTE)
             else:
-                loads.append((None, pool.submit(_load, model_path)))
+                shipped = model_pool.submit(_load, model_path)
             for done, probe in enumerate(probes):
                 if budget.expired():
                     failed += _tagged(not_measured(SKIPPED_NOTE), probe, {})
@@ -493,20 +500,27 @@ def _load_members(
                 if (unwritten := _write_probe(path, probe)) is not None:
                     failed += _tagged(not_measured(unwritten), probe, {})
                     continue
-                loads.append((probe, pool.submit(_load, path)))
+                probe_loads.append((probe, probe_pool.submit(_load_probe, host, path)))
     except BaseException:  # an interrupt, say: close what loaded
-        _close_loaded(loads)
+        if shipped is not None and not isinstance(loaded := shipped.result(), str):
+            loaded.close()
         raise
     members: list[_Member] = []
-    for probed, load in loads:
-        loaded = load.result()
-        if isinstance(loaded, str):
-            why = not_measured(loaded)
-            failed += why if probed is None else _tagged(why, probed, {})
-            continue
-        stack.callback(loaded.close)
-        extra = {} if probed is None else {"probe": probed.name}
-        members.append(_Member(loaded, {**_params(loaded, CPU_BACKEND), **extra}))
+    if shipped is not None:
+        if isinstance(engine := shipped.result(), str):
+            failed += not_measured(engine)
+        else:
+            stack.callback(engine.close)
+            members.append(_Member(engine, _params(engine, CPU_BACKEND)))
+    for probe, load in probe_loads:
+        if isinstance(probed := load.result(), str):
+            failed += _tagged(not_measured(probed), probe, {})
+        elif not probed.alive:
+            crash = probed.worker.crash
+            why = f"not measured: a later probe ended the engine that held this one ({crash})"
+            failed += _tagged(not_measured(why), probe, {})
+        else:
+            members.append(_Member(probed, {**_params(probed, CPU_BACKEND), "probe": probe.name}))
     return members, failed
 
 
@@ -526,11 +540,12 @@ def _write_probe(path: Path, probe: SpeedProbe) -> str | None:
     return None
 
 
-def _close_loaded(loads: Sequence[tuple[object, Future[WorkerEngine | str]]]) -> None:
-    for _probe, load in loads:
-        loaded = load.result()
-        if not isinstance(loaded, str):
-            loaded.close()
+def _load_probe(host: ProbeHost, path: Path) -> ProbeEngine | str:
+    """The probe at `path` in `host`, or why it could not load."""
+    try:
+        return host.load(_engine_config(path, CPU_BACKEND))
+    except HearthsideError as error:
+        return f"not measured: {error.message}"
 
 
 def _load(path: Path) -> WorkerEngine | str:
@@ -725,7 +740,7 @@ def _affordable_count(
     return count, seconds
 
 
-def _params(engine: WorkerEngine, backend: EngineBackend) -> dict[str, Any]:
+def _params(engine: WorkerEngine | ProbeEngine, backend: EngineBackend) -> dict[str, Any]:
     return {
         "model": engine.model_path.stem,
         "model_path": str(engine.model_path),
