@@ -1,7 +1,8 @@
 """One time budget for a tuning run, split into a deadline per phase.
 
 `tune(budget_s=60)` ends after about 60 s: weight types the calibration lacks first (at most
-`TYPES_SHARE`), then the candidates, then the quality of their KV-cache types (`QUALITY_SHARE`
+`TYPES_SHARE`), then the candidates (first the time the ones worth measuring take, then their
+share of the rest), then the quality of their KV-cache types (`QUALITY_SHARE`
 of what the later phases share, and whatever the candidates left), then the model's installed
 quant variants at the best settings (`VARIANTS_SHARE`, only when it has some), then
 speculative decoding on the winner (`SPECULATION_SHARE`), then the winner's context audit,
@@ -88,13 +89,23 @@ class TuneClock:
         return (self.end if deadline is None else deadline) - self.now()
 
     def split(
-        self, audit_s: float, *, speculation: bool, quality: bool = True, variants: bool = False
+        self,
+        audit_s: float,
+        *,
+        speculation: bool,
+        quality: bool = True,
+        variants: bool = False,
+        candidates_first_s: float = 0.0,
     ) -> None:
         """Deadlines for the candidates, quality, variants and speculation from what is left,
         once the weight types are measured, holding `audit_s` (at most `AUDIT_SHARE`) back for
-        the audit. Without `variants` their phase has no time: quality ends where it would."""
+        the audit. The candidates first get `candidates_first_s` (what measuring the ones
+        worth measuring takes: a short budget measures them before anything else), then the
+        phases share the rest. Without `variants` their phase has no time: quality ends where
+        it would."""
         self.hold_for_audit(audit_s)
-        shared = max(0.0, self.speculation_end - self.now())
+        left = max(0.0, self.speculation_end - self.now())
+        shared = left - min(candidates_first_s, left)
         self.variants_end = self.speculation_end - (
             SPECULATION_SHARE * shared if speculation else 0.0
         )

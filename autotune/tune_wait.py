@@ -6,8 +6,9 @@ and a calibration first (the wizard's box) adds its own stated time. What B buys
 what one candidate costs on this machine: measured (this model's earlier runs here,
 `RunRecord.seconds`) or, before any, estimated from the plan's speeds (`tuner.tuning_costs`).
 `expected_wait` replays the tuner's deadlines with that cost — the weight types' share, the
-audit's time held back, the candidates' share — as `tuner._measure_candidates` keeps them
-(llama.cpp's defaults and the planner's pick always, each next one while it still fits), and
+audit's time held back, the candidates' first claim (`candidates_first_s`) and share — as
+`tuner._measure_candidates` keeps them (llama.cpp's defaults and the planner's pick always,
+each next one while it still fits), and
 `budget_measuring` finds the shortest budget that reaches a number of candidates. Pure.
 """
 
@@ -23,6 +24,12 @@ from hearthside.autotune.tune_types import MIN_TYPE_S
 # the next by predicted speed, `tuner._ranked`): fewer, and the verdict has nothing to compare
 WORTH_MEASURING = 3
 ALWAYS_MEASURED = 2  # the defaults and the planner's pick, whatever the budget
+
+
+def candidates_first_s(candidate_s: float) -> float:
+    """The time the candidates get before the later phases share the rest: enough for the
+    ones worth measuring, so the shortest budget measures them (`TuneClock.split`)."""
+    return WORTH_MEASURING * candidate_s
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,12 @@ def expected_wait(budget_s: float, costs: TuneCosts) -> TuneWait:
     clock = TuneClock(budget_s, now=lambda: elapsed[0])
     types_s = _types_s(budget_s, costs)
     elapsed[0] += types_s
-    clock.split(costs.audit_s, speculation=costs.speculation, variants=costs.variants)
+    clock.split(
+        costs.audit_s,
+        speculation=costs.speculation,
+        variants=costs.variants,
+        candidates_first_s=candidates_first_s(costs.candidate_s),
+    )
     measured = 0
     while measured < costs.candidates:
         if measured >= ALWAYS_MEASURED and elapsed[0] + costs.candidate_s > clock.candidates_end:

@@ -91,7 +91,7 @@ from hearthside.autotune.tune_quality import (
     variant_quality,
 )
 from hearthside.autotune.tune_types import measure_missing_types
-from hearthside.autotune.tune_wait import WORTH_MEASURING, TuneCosts
+from hearthside.autotune.tune_wait import WORTH_MEASURING, TuneCosts, candidates_first_s
 from hearthside.autotune.type_costs import model_weight_types, unmeasured_types
 from hearthside.autotune.wisdom import (
     Outcome,
@@ -363,7 +363,12 @@ def tune(
         calibration, planned = prepared.calibration, prepared.planned
         baseline_config, python_config = prepared.baseline, prepared.python
         queue, predictions = prepared.queue, prepared.predictions
-        clock.split(prepared.audit_s, speculation=speculation, variants=bool(variants))
+        clock.split(
+            prepared.audit_s,
+            speculation=speculation,
+            variants=bool(variants),
+            candidates_first_s=candidates_first_s(_candidate_s(prepared, db, key, rigor)[0]),
+        )
         roles = [_role(baseline_config, python_config, config) for config in queue]
         announce = _with_roles(notify, roles)
         runs = _measure_candidates(
@@ -513,10 +518,7 @@ def tuning_costs(
     key = tuning_key(profile, model_path)
     spec = spec_from_gguf(model_path)
     prepared = _prepare(model_path, profile, goal, db, key, spec)
-    runs = db.runs(key, outcome="ok")
-    seconds = [run.seconds for run in runs if run.seconds and run.rigor == rigor]
-    size = THOROUGH if rigor == "thorough" else QUICK
-    candidate_s = statistics.median(seconds) if seconds else _estimated_candidate_s(prepared, size)
+    candidate_s, measured = _candidate_s(prepared, db, key, rigor)
     types = model_weight_types(pieces_from_spec(spec))
     # a calibration first measures its probes' types and makes any others estimated again
     missing = (
@@ -526,7 +528,7 @@ def tuning_costs(
     )
     return TuneCosts(
         candidate_s=candidate_s,
-        source="measured" if seconds else "estimated",
+        source="measured" if measured else "estimated",
         candidates=len(prepared.queue),
         audit_s=prepared.audit_s,
         missing_types=len(missing),
@@ -535,6 +537,19 @@ def tuning_costs(
         speculation=speculation,
         variants=bool(installed_variants(model_path)[0]),
     )
+
+
+def _candidate_s(
+    prepared: _Prepared, db: WisdomDB, key: TuningKey, rigor: Rigor
+) -> tuple[float, bool]:
+    """What measuring one candidate takes here, and whether that was measured: the median
+    wall time of this model's runs here at `rigor`, else estimated from the plan."""
+    runs = db.runs(key, outcome="ok")
+    seconds = [run.seconds for run in runs if run.seconds and run.rigor == rigor]
+    if seconds:
+        return statistics.median(seconds), True
+    size = THOROUGH if rigor == "thorough" else QUICK
+    return _estimated_candidate_s(prepared, size), False
 
 
 def _estimated_candidate_s(prepared: _Prepared, size: BenchSize) -> float:

@@ -189,3 +189,19 @@ def test_an_out_of_memory_load_is_tried_again_once_much_more_memory_is_free(
         wisdom.record_run(RunRecord(key, config, "quick", "oom", memory=as_now, error="alloc"))
         failure = tuner._known_failure(wisdom, key, config)
         assert failure is not None and failure.outcome == "oom"  # as little free: not retried
+
+
+def test_the_candidates_worth_measuring_come_before_the_later_phases_share() -> None:
+    """30 s with one candidate at ~4 s: the shares alone left the candidates ~10 s (two
+    measured); their first claim keeps three before quality and speculation get the rest."""
+    now = [0.0]
+    clock = TuneClock(30.0, now=lambda: now[0])
+    clock.split(audit_s=3.0, speculation=True)
+    shares_only = clock.candidates_end
+    clock.split(audit_s=3.0, speculation=True, candidates_first_s=3 * 4.2)
+    assert shares_only < 3 * 4.2 <= clock.candidates_end
+    rest = clock.speculation_end - 3 * 4.2
+    assert clock.quality_end == pytest.approx(clock.speculation_end - SPECULATION_SHARE * rest)
+    assert clock.candidates_end == pytest.approx(clock.quality_end - QUALITY_SHARE * rest)
+    clock.split(audit_s=3.0, speculation=True, candidates_first_s=1000.0)  # more than is left
+    assert clock.candidates_end == clock.quality_end == clock.speculation_end == 27.0
