@@ -100,6 +100,12 @@ CALIBRATION_BUDGET_S = calibration_kernels.DEFAULT_BUDGET_S  # a whole one: the 
 MAX_SUGGESTIONS = 6
 # Decode speed-ups inside this band are measurement noise, not a difference.
 SAME_SPEED_BAND = (0.95, 1.05)
+GOAL_NAMES: dict[Goal, str] = {
+    "fastest": "fastest",
+    "balanced": "balanced",
+    "quality": "best quality",
+    "longest-context": "longest context",
+}
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -560,6 +566,14 @@ def _quality_budget_text(result: TuneResult) -> str:
         return (
             f" The fastest setting ({what}, {cost:.2f}× the chosen speed) was not chosen: "
             "its quality was not measured in time, so it counts as over the quality budget."
+        )
+    if quality.mean_kld <= result.kld_budget:
+        chosen = result.quality_of(result.best).mean_kld if result.best else 0.0
+        return (
+            f" The fastest setting ({what}, {cost:.2f}× the chosen speed) was not chosen: "
+            f"your goal ({GOAL_NAMES[result.goal]}) takes the answers closest to full "
+            f"precision among the settings nearly as fast (mean KLD {chosen:.3f} vs "
+            f"{quality.mean_kld:.3f}, both within the quality budget of {result.kld_budget})."
         )
     return (
         f" The fastest setting ({what}, {cost:.2f}× the chosen speed) was not chosen: its "

@@ -74,6 +74,26 @@ def test_the_verdict_says_when_the_quality_budget_cost_speed() -> None:
     assert f"mean KLD {result.quality_of(fastest).mean_kld:.3f}" in detail  # measured or prior
 
 
+def test_a_faster_setting_within_the_quality_budget_is_passed_over_by_the_goal_not_the_budget() -> (
+    None
+):
+    """The shortest-budget run said "its mean KLD 0.020 is over the quality budget of 0.05"
+    of a q8_0 cache the balanced goal had passed over for the f16 reference."""
+    result = with_speeds(recorded_run().result, 40.0, 35.0)
+    assert result.best is not None
+    q8_0 = {**result.best.config, "type_k": "q8_0", "type_v": "q8_0"}
+    fastest = replace(result.best, config=q8_0, decode_tps=42.4, id=None)
+    result = replace(
+        result, runs=(*result.runs, fastest), fastest=fastest, goal="balanced", kld_budget=0.1
+    )
+    kld = result.quality_of(fastest).mean_kld
+    assert kld <= result.kld_budget  # q8_0 KV is within it (0.057 in the recorded run)
+    _title, detail = verdict(result)
+    assert "q8_0 KV, 1.06× the chosen speed) was not chosen: your goal (balanced)" in detail
+    assert f"vs {kld:.3f}, both within the quality budget" in detail
+    assert "over the quality budget" not in detail
+
+
 def test_the_reasons_follow_what_was_measured_not_only_the_estimate() -> None:
     result = recorded_run().result
     assert result.best is not None
