@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine
 from hearthside.core.engine.thread_governor import (
+    FIRST_LOOK_S,
     CpuTimes,
     ThreadGovernor,
     others_busy_cores,
@@ -58,6 +60,26 @@ def test_the_threads_follow_the_machine_and_come_back() -> None:
     assert governor.look() == (1, 1)
     assert governor.look() == (2, 2)
     assert applied == [(1, 1), (2, 2)]  # set only when it changes
+
+
+def test_what_others_did_between_two_replies_does_not_count() -> None:
+    times = iter(
+        [
+            CpuTimes(0.0, 0.0, 0.0),  # loaded
+            CpuTimes(10.0, 10.0, 0.0),  # the reply starts after others kept a core busy 10 s
+            CpuTimes(10.2, 10.45, 0.4),  # during it: its own 2 cores, others 0.25 core
+        ]
+        + [CpuTimes(10.2 + n, 10.45 + 2 * n, 0.4 + 2 * n) for n in range(1, 5)]
+    )
+    governor = ThreadGovernor(2, 2, lambda d, b: None, cores=2, clock=lambda: next(times))
+
+    def tokens() -> Iterator[int]:
+        for token in range(3):
+            time.sleep(FIRST_LOOK_S)
+            yield token
+
+    assert list(governor.governed(tokens())) == [0, 1, 2]
+    assert governor.current == (2, 2)
 
 
 @pytest.fixture(scope="module")
