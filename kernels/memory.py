@@ -178,6 +178,8 @@ def measure_cpu_memory(
 ) -> list[Measurement]:
     """Read, copy and triad at every thread count, within `budget` (allocation included)."""
     jobs = [(kind, count) for kind in BYTES_PER_PASS for count in threads]
+    if step is not None:  # a loaded machine can spend the whole share here
+        step("memory: allocating the test arrays", 0.0)
     budget.take()  # the allocation's share
     arrays = MemoryArrays.allocate(array_bytes)
     measurements = []
