@@ -126,6 +126,8 @@ def _event_text(event: TuneEvent) -> str:
         return f"quality: {event.message}"
     if event.kind == "unmeasured":
         return f"[{event.index}/{event.total}] not measured: {what}"
+    if event.kind == "confirm":
+        return f"measuring again back to back, to confirm a small gain: {what}"
     if event.variant:
         what = f"{event.variant} (variant), {what}"
     measured = f" → {event.decode_tps:.1f} tok/s" if event.decode_tps else ""
@@ -140,6 +142,7 @@ def result_as_dict(result: TuneResult) -> dict[str, object]:
         "baseline": _run_dict(result.baseline, result),
         "llama_cpp_python_defaults": _run_dict(result.python_defaults, result),
         "speedup_over_defaults": result.speedup,
+        "speedup_confirmed": result.confirmation is not None,
         "speedup_over_llama_cpp_python_defaults": result.speedup_over_python_defaults,
         "quality_reference": result.quality.reference if result.quality else None,
         "kld_budget": result.kld_budget,
@@ -230,6 +233,13 @@ def _comparison_lines(result: TuneResult) -> list[str]:
     lines = [f"{headline}."] + ([f"{coverage}."] if coverage and coverage != headline else [])
     if result.speedup is not None:
         lines.append(f"Chosen settings decode {result.speedup:.2f}x llama.cpp's defaults.")
+    if result.confirmation is not None:
+        lines.append("  (both measured again back to back to confirm it: the ratio is over both)")
+    elif result.unconfirmed:
+        lines.append(
+            "  (measured once each, minutes apart: a gain this small can be noise; a longer "
+            "budget measures both again back to back)"
+        )
     if result.speedup_over_python_defaults is not None:
         lines.append(
             f"  and {result.speedup_over_python_defaults:.2f}x llama-cpp-python's `Llama()` "

@@ -52,6 +52,7 @@ from hearthside.autotune.tune_wait import (
 )
 
 # The tuner's result and events, for the callers of `measure` (the CLI, the wizard).
+from hearthside.autotune.tuner import SAME_SPEED_BAND as SAME_SPEED_BAND
 from hearthside.autotune.tuner import TUNING_CONTEXT as TUNING_CONTEXT
 from hearthside.autotune.tuner import NotMeasured as NotMeasured
 from hearthside.autotune.tuner import TuneEvent as TuneEvent
@@ -98,8 +99,6 @@ from hearthside.kernels.results import CalibrationReport
 
 CALIBRATION_BUDGET_S = calibration_kernels.DEFAULT_BUDGET_S  # a whole one: the probes too
 MAX_SUGGESTIONS = 6
-# Decode speed-ups inside this band are measurement noise, not a difference.
-SAME_SPEED_BAND = (0.95, 1.05)
 GOAL_NAMES: dict[Goal, str] = {
     "fastest": "fastest",
     "balanced": "balanced",
@@ -509,11 +508,17 @@ def _verdict(result: TuneResult) -> tuple[str, str]:
         return f"Chosen: {measured}", "The defaults were not measured in this run."
     compared = (
         f"{measured} vs {baseline.decode_tps or 0:.1f} tok/s with llama.cpp's defaults "
-        f"(measured now){_python_defaults_text(result)}"
+        f"(measured now){_confirmation_text(result)}{_python_defaults_text(result)}"
     )
     if speedup >= SAME_SPEED_BAND[1]:
         headline = f"{speedup:.2f}× faster than llama.cpp's defaults"
-        return headline, f"Decode: {compared}.{_quality_budget_text(result)}"
+        unconfirmed = (
+            " Measured once each, minutes apart: a gain this small can be noise; give it more "
+            "time to measure both again back to back."
+            if result.unconfirmed
+            else ""
+        )
+        return headline, f"Decode: {compared}.{unconfirmed}{_quality_budget_text(result)}"
     if speedup > SAME_SPEED_BAND[0]:
         return (
             "About as fast as llama.cpp's defaults",
@@ -546,6 +551,17 @@ def _defaults_verdict(result: TuneResult) -> tuple[str, str]:
         f"be about as fast or faster {were} not measured, so it is not known whether the "
         "defaults are the best here. Apply stores them as this model's default; measure with "
         "more time to test the rest." + _quality_budget_text(result),
+    )
+
+
+def _confirmation_text(result: TuneResult) -> str:
+    """The second, back-to-back measurement of a small gain, when there was one."""
+    if result.confirmation is None:
+        return ""
+    baseline_again, best_again = result.confirmation
+    return (
+        f"; again back to back {best_again.decode_tps or 0:.1f} vs "
+        f"{baseline_again.decode_tps or 0:.1f} tok/s, so {result.speedup or 0:.2f}× over both"
     )
 
 
