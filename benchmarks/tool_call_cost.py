@@ -13,7 +13,10 @@ same conversation with the server's tool paragraph sent as an ordinary system me
 reply runs to `max_tokens`, which is set to the tool call's completion tokens. The prompts
 thus differ by a few tokens; both sides reuse the same cached prefix. The first call is
 compared with a plain reply whose prompt starts with a fresh word, so nothing of it is
-cached either. Later ratios are medians of back-to-back pairs (the order alternates).
+cached either. Both sides are streamed and timed to their last token. Later ratios come
+from back-to-back pairs whose order alternates, the order's effect cancelled
+(`order_free_ratio`). A plain reply that stops before the call's length is counted at its own
+decode pace for the rest.
 
     .venv/bin/python benchmarks/tool_call_cost.py [--repetitions 5] [--json]
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import socket
@@ -119,33 +123,53 @@ CASES = (
 
 @dataclass(frozen=True)
 class Timed:
-    seconds: float
+    seconds: float  # request sent -> the last token's chunk
+    first_token_s: float  # request sent -> the first token's chunk
     completion_tokens: int
     calls: int
 
 
 def timed(client: openai.OpenAI, body: dict[str, Any], max_tokens: int) -> Timed:
+    """One request, streamed (both sides alike), timed to its first and last token."""
     started = time.perf_counter()
-    reply = client.chat.completions.create(
-        model="default", temperature=0, max_tokens=max_tokens, **body
+    stream = client.chat.completions.create(
+        model="default",
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        **body,
     )
-    seconds = time.perf_counter() - started
-    usage = reply.usage
-    assert usage is not None
-    calls = len(reply.choices[0].message.tool_calls or ())
-    return Timed(seconds, usage.completion_tokens, calls)
+    first = last = None
+    tokens, calls = 0, set()
+    for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content or delta.tool_calls:
+                last = time.perf_counter() - started
+                first = last if first is None else first
+            calls.update(call.index for call in delta.tool_calls or ())
+    if first is None or last is None or not tokens:
+        raise SystemExit(f"a request gave no tokens or no usage: {body}")
+    return Timed(last, first, tokens, len(calls))
 
 
 def plain_seconds(plain: Timed, tokens: int) -> float:
-    """The plain reply's time for `tokens` tokens (scaled when it stopped sooner)."""
+    """The plain reply's time for `tokens` tokens: measured, or when the model stopped
+    sooner, its first token's time plus its own decode pace for the rest (scaling the whole
+    time would scale the prompt's evaluation too and flatter the tool call)."""
     if plain.completion_tokens >= tokens:
         return plain.seconds
     print(
         f"  note: the plain reply stopped at {plain.completion_tokens} of {tokens} tokens; "
-        "its time is scaled per token",
+        "the rest is counted at its own decode pace",
         file=sys.stderr,
     )
-    return plain.seconds * tokens / max(plain.completion_tokens, 1)
+    decode_s = plain.seconds - plain.first_token_s
+    per_token = decode_s / max(plain.completion_tokens - 1, 1)
+    return plain.first_token_s + per_token * (tokens - 1)
 
 
 def pair(client: openai.OpenAI, case: Case, tokens: int, flip: bool) -> tuple[float, Timed]:
@@ -158,6 +182,17 @@ def pair(client: openai.OpenAI, case: Case, tokens: int, flip: bool) -> tuple[fl
         tool = timed(client, case.request(), tokens)
         plain = timed(client, case.plain_request(), tokens)
     return tool.seconds / plain_seconds(plain, tool.completion_tokens), tool
+
+
+def order_free_ratio(ratios: Sequence[float]) -> float:
+    """The ratio with the order's effect cancelled: the geometric mean of the median ratio
+    with the tool call first (even positions) and with the plain reply first (odd ones).
+    Whichever request goes second finds the other's prompt in the cache (measured: 0.84x
+    one way, 1.13x the other), so a plain median leans to the order that ran more often."""
+    tool_first, plain_first = ratios[0::2], ratios[1::2]
+    if not plain_first:
+        return statistics.median(tool_first)
+    return math.sqrt(statistics.median(tool_first) * statistics.median(plain_first))
 
 
 def tool_call_ratios(client: openai.OpenAI, repetitions: int, max_tokens: int) -> dict[str, Any]:
@@ -177,7 +212,7 @@ def tool_call_ratios(client: openai.OpenAI, repetitions: int, max_tokens: int) -
         tokens = timed(client, case.request(), max_tokens).completion_tokens  # its length
         runs = [pair(client, case, tokens, flip=i % 2 == 1) for i in range(repetitions)]
         figures[case.name] = {
-            "ratio": statistics.median(ratio for ratio, _ in runs),
+            "ratio": order_free_ratio([ratio for ratio, _ in runs]),
             "ratios": [round(ratio, 3) for ratio, _ in runs],
             "tokens": [call.completion_tokens for _, call in runs],
             "calls": [call.calls for _, call in runs],
@@ -268,7 +303,8 @@ def print_figures(figures: dict[str, Any], out: Callable[[str], None]) -> None:
     for case in CASES:
         row = figures[case.name]
         out(
-            f"{case.name:8}median {row['ratio']:.2f}x  ratios {row['ratios']}  tokens "
+            f"{case.name:9}{row['ratio']:.2f}x  ratios (tool first, plain first, ...) "
+            f"{row['ratios']}  tokens "
             f"{row['tokens']}  calls {row['calls']}  tool s {row['tool_s']}"
         )
 

@@ -388,6 +388,23 @@ def test_tool_call_cost_misses_above_1_5x_and_when_a_case_was_never_measured() -
     assert status(cost.targets_for({name: passing[name] for name in names[1:]})) == 1
 
 
+def test_tool_call_cost_cancels_the_order_of_each_pair() -> None:
+    """Whichever request of a pair goes second finds the other's prompt cached: with five
+    pairs a plain median would follow the order that ran three times (0.84x or 1.13x)."""
+    cost = benchmark("tool_call_cost")
+    ratios = [0.84, 1.13, 0.84, 1.13, 0.84]
+    assert cost.order_free_ratio(ratios) == pytest.approx((0.84 * 1.13) ** 0.5)
+    assert cost.order_free_ratio(ratios[1:]) == pytest.approx(cost.order_free_ratio(ratios))
+
+
+def test_a_short_plain_reply_is_extended_at_its_decode_pace_not_its_whole_time() -> None:
+    """Eight tokens in 0.2 s, 0.13 of them before the first: 39 tokens would take
+    0.13 + 38 x 0.01 s, not 39/8 x 0.2 s (which scales the prompt's evaluation too)."""
+    cost = benchmark("tool_call_cost")
+    plain = cost.Timed(seconds=0.2, first_token_s=0.13, completion_tokens=8, calls=0)
+    assert cost.plain_seconds(plain, 39) == pytest.approx(0.13 + 38 * 0.01)
+    assert cost.plain_seconds(plain, 8) == 0.2
+
 # --- realistic_models ---------------------------------------------------------------------
 
 
