@@ -5,10 +5,10 @@ program holds stalls them all: on a 2-core VM with a busy program beside it, nat
 llama-bench decoded SmolLM2 Q8_0 at 6 tok/s with 2 threads (samples 1.7-10.5) and at 35 tok/s
 with 1 (issue 32). A desktop is rarely idle, so while a reply is written the governor looks,
 every `CHECK_S`, at the CPU time other programs used since its last look (all the CPU time
-spent minus this process's) and sets the threads to the cores they leave: the loaded
-settings' count less each core they kept at least `TAKEN_SHARE` busy, never below one. When
-they stop, the next look gives the threads back. `llama_set_n_threads` changes them between
-two decode calls, at no cost.
+spent minus this process's, and minus programs at a lower priority than ours) and sets the
+threads to the cores they leave: the loaded settings' count less each core they kept at least
+`TAKEN_SHARE` busy, never below one. When they stop, the next look gives the threads back.
+`llama_set_n_threads` changes them between two decode calls, at no cost.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import psutil
@@ -36,12 +36,24 @@ class CpuTimes:
 
 
 def cpu_times_now() -> CpuTimes:
-    values = psutil.cpu_times()._asdict()
+    own = psutil.Process().cpu_times()
+    busy = busy_seconds(psutil.cpu_times()._asdict(), own_niceness())
+    return CpuTimes(time.monotonic(), busy, own.user + own.system)
+
+
+def busy_seconds(values: Mapping[str, float], niceness: int) -> float:
+    """The CPU time that can take a core from us, of the kernel's counters (`values`, as
+    psutil names them): all but idle time, and but programs running at a lower priority
+    (the kernel's "nice" time) while we are not lowered ourselves: the kernel gives a program
+    at nice 10 a tenth of our threads' share, so a niced build or backup makes way at once."""
     idle = values.get("idle", 0.0) + values.get("iowait", 0.0)
     guests = values.get("guest", 0.0) + values.get("guest_nice", 0.0)  # counted in user
-    busy = sum(values.values()) - idle - guests
-    own = psutil.Process().cpu_times()
-    return CpuTimes(time.monotonic(), busy, own.user + own.system)
+    lowered = values.get("nice", 0.0) if niceness <= 0 else 0.0
+    return sum(values.values()) - idle - guests - lowered
+
+
+def own_niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
 
 
 def usable_cores() -> int:

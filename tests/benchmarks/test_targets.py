@@ -405,6 +405,7 @@ def test_a_short_plain_reply_is_extended_at_its_decode_pace_not_its_whole_time()
     assert cost.plain_seconds(plain, 39) == pytest.approx(0.13 + 38 * 0.01)
     assert cost.plain_seconds(plain, 8) == 0.2
 
+
 # --- realistic_models ---------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from hearthside.core.engine.thread_governor import (
     FIRST_LOOK_S,
     CpuTimes,
     ThreadGovernor,
+    busy_seconds,
     others_busy_cores,
     threads_left,
     usable_cores,
@@ -41,6 +42,15 @@ def test_other_programs_cpu_is_all_the_cpu_less_this_process() -> None:
     after = CpuTimes(12.0, 104.0, 42.0)  # 4 s of CPU in 2 s, 2 of them ours
     assert others_busy_cores(before, after) == pytest.approx(1.0)
     assert others_busy_cores(before, before) is None
+
+
+def test_programs_at_a_lower_priority_take_no_core_unless_we_are_lowered_too() -> None:
+    """A niced compile beside the chat (the kernel's "nice" time) makes way for our threads at
+    once; when Hearthside itself runs niced, everyone else's time counts."""
+    counters = {"user": 50.0, "nice": 30.0, "system": 10.0, "idle": 100.0, "iowait": 5.0}
+    assert busy_seconds(counters, niceness=0) == 60.0
+    assert busy_seconds(counters, niceness=10) == 90.0
+    assert busy_seconds({**counters, "guest": 20.0}, niceness=0) == 60.0  # counted in user
 
 
 def test_the_threads_follow_the_machine_and_come_back() -> None:
@@ -112,3 +122,19 @@ def test_a_reply_beside_busy_programs_decodes_with_the_cores_they_leave(engine: 
             process.wait()
     reply(engine)
     assert engine.threads.current == (cores, cores)  # given back once they stopped
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: nothing to make way with")
+def test_a_niced_program_beside_a_reply_leaves_it_every_thread(engine: Engine) -> None:
+    cores = usable_cores()
+    lowered = [
+        subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", BUSY_LOOP])
+        for _ in range(cores)
+    ]
+    try:
+        reply(engine)
+        assert engine.threads.current == (cores, cores)
+    finally:
+        for process in lowered:
+            process.kill()
+            process.wait()
