@@ -3,6 +3,8 @@
 
     python3 bootstrap.py [ARGS...]     set up, install the default model, start Hearthside
     python3 bootstrap.py test          set up with dev tools, run lint, types and the tests
+    python3 bootstrap.py --help        this text, setting nothing up (Hearthside's own
+                                       commands, once set up: .venv/bin/hearthside --help)
 
 Everything goes into .venv beside this file. llama-cpp-python is compiled for this machine's
 GPU (CUDA for the NVIDIA architectures found, HIP for AMD gfx targets, Metal on Apple
@@ -234,6 +236,9 @@ def main(argv: list[str]) -> int:
     if sys.version_info < MIN_PYTHON:
         sys.exit(f"Hearthside needs Python {'.'.join(map(str, MIN_PYTHON))} or newer.")
     args = list(argv)
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)  # before anything is installed: a fresh setup takes minutes
+        return 0
     backend = pop_backend(args)
     testing = bool(args) and args[0] == "test"
     install_debian_packages(APP_DEBIAN_PACKAGES + (TEST_DEBIAN_PACKAGES if testing else ()))
