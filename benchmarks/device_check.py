@@ -1,6 +1,7 @@
 """The steps of `benchmarks/device_check.sh`, each writing one JSON part to OUT/parts/.
 
     python benchmarks/device_check.py STEP --out DIR [--dry]
+    python benchmarks/device_check.py carry CACHE CARRY   (--prepare: slimmed CUDA wheels)
 
 Steps, in the order the script runs them (docs/gpu.md says what each compares):
     preflight  the GPUs nvidia-smi lists (none: stop, unless --dry)
@@ -204,6 +205,47 @@ def engine(out: Path, dry: bool, site: Path) -> int:
     write_part(out, "engine", part)
     print(f"engine: self-test {part['self_test'].get('status')} ({_cuda_words(part)})")
     return 0 if passed else 1
+
+
+# What `import llama_cpp` loads: libllama.so and libmtmd.so by path, and through their
+# DT_NEEDED entries (found beside them, RUNPATH $ORIGIN) each library's soname, "*.so.0".
+def _kept_in_carry(name: str) -> bool:
+    if not name.startswith("llama_cpp/lib/"):
+        return not name.startswith(("lib/", "include/", "bin/"))  # CMake's install tree
+    file = Path(name).name
+    return file in {"libllama.so", "libmtmd.so"} or file.endswith(".so.0")
+
+
+def slim_wheel(source: Path, target: Path) -> int:
+    """`source` without the copies a wheel makes of symlinks (each shared library three times
+    in llama_cpp/lib and three more in lib/: 268 MB for one CUDA architecture, past the 64 MiB
+    a device run carries), with its RECORD listing what is kept; the bytes written."""
+    with (
+        zipfile.ZipFile(source) as wheel,
+        zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as slim,
+    ):
+        record_name = next(n for n in wheel.namelist() if n.endswith(".dist-info/RECORD"))
+        kept = [n for n in wheel.namelist() if n != record_name and _kept_in_carry(n)]
+        for name in kept:
+            slim.writestr(wheel.getinfo(name), wheel.read(name), zipfile.ZIP_DEFLATED)
+        lines = wheel.read(record_name).decode().splitlines()
+        record = [line for line in lines if line.split(",", 1)[0] in kept]
+        slim.writestr(record_name, "\n".join([*record, f"{record_name},,"]) + "\n")
+    return target.stat().st_size
+
+
+def carry_cuda_wheels(cache: Path, carry: Path) -> int:
+    """Each cached CUDA wheel (a folder with cuda-build.json) into `carry`, slimmed; 1 when
+    there is none."""
+    records = sorted(cache.glob("*/cuda-build.json"))
+    for record in records:
+        folder = carry / record.parent.name
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(record, folder / record.name)
+        for wheel in record.parent.glob("*.whl"):
+            size = slim_wheel(wheel, folder / wheel.name)
+            print(f"carry: {wheel.name} {wheel.stat().st_size / MIB:.0f} -> {size / MIB:.0f} MiB")
+    return 0 if records else 1
 
 
 def _holds_cuda_library(wheel: Path) -> bool:
@@ -643,12 +685,15 @@ STEPS = {"preflight", "engine", "probe", "plan", "tune", "report"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["carry"] and len(arguments) == 3:  # --prepare, here: CACHE CARRY
+        return carry_cuda_wheels(Path(arguments[1]), Path(arguments[2]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=sorted(STEPS))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dry", action="store_true")
     parser.add_argument("--site", type=Path, default=Path("/tmp/hearthside-site"))
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step == "preflight":
         return preflight(args.out, args.dry)

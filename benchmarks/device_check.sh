@@ -48,15 +48,11 @@ prepare() {
   "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any -d "$CARRY/wheels" "${pinned[@]}"
-  local cached="${ENGINE_WHEELS:-$HOME/.cache/hearthside/engine-wheels}" found=0 record
-  for record in "$cached"/*/cuda-build.json; do
-    [[ -e "$record" ]] || continue
-    cp -r "$(dirname "$record")" "$CARRY/engine-wheels/" && found=1
-  done
-  du -sh "$CARRY"
-  if [[ "$found" == 0 ]]; then
+  local cached="${ENGINE_WHEELS:-$HOME/.cache/hearthside/engine-wheels}"
+  if ! "$PYTHON" benchmarks/device_check.py carry "$cached" "$CARRY/engine-wheels"; then
     echo "prepare: no CUDA wheel in $cached: run benchmarks/cuda_build.py first" >&2; exit 1
   fi
+  du -sh "$CARRY"
   echo "prepare: carry .device-carry in the device run (docs/gpu.md)"
 }
 

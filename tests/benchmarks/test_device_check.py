@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,3 +95,58 @@ def test_a_wheel_is_carried_only_for_the_architecture_it_holds(tmp_path: Path) -
     assert module.find_cuda_wheel("90", [tmp_path / "engine-wheels"]) is None
     found = module.find_cuda_wheel("70", [tmp_path / "engine-wheels"])
     assert found is not None and found[0].parent == folder
+
+
+def fake_cuda_wheel(path: Path) -> Path:
+    """A wheel laid out as llama-cpp-python's CUDA build is: each library under three names in
+    llama_cpp/lib and again in CMake's lib/, headers in include/, and a RECORD of them all."""
+    import zipfile
+
+    names = ["llama_cpp/__init__.py", "include/llama.h", "llama_cpp_python-0.3.36.dist-info/WHEEL"]
+    for library, version in (
+        ("libggml-cuda", "0.25.3"),
+        ("libggml", "0.25.3"),
+        ("libllama", "0.5.0"),
+    ):
+        for folder in ("llama_cpp/lib", "lib"):
+            names += [f"{folder}/{library}.so{suffix}" for suffix in ("", ".0", f".{version}")]
+    record = "llama_cpp_python-0.3.36.dist-info/RECORD"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name in names:
+            wheel.writestr(name, b"x" * 4096)
+        wheel.writestr(
+            record, "".join(f"{name},sha256=abc,4096\n" for name in names) + f"{record},,\n"
+        )
+    return path
+
+
+def test_a_carried_cuda_wheel_keeps_one_copy_of_each_library_under_the_name_it_is_loaded_by(
+    tmp_path: Path,
+) -> None:
+    """The sm_90 wheel built here is 256 MiB, each library six times over; the device run
+    carries 64 MiB. `import llama_cpp` opens libllama.so by path and the rest by soname."""
+    import zipfile
+
+    module: Any = device_check()
+    cache = tmp_path / "cache" / "0.3.36-cuda-abc"
+    cache.mkdir(parents=True)
+    fake_cuda_wheel(cache / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl")
+    (cache / "cuda-build.json").write_text(json.dumps({"archs_found": ["90"]}))
+    carry = tmp_path / "carry"
+    assert module.carry_cuda_wheels(tmp_path / "cache", carry) == 0
+    slim = carry / "0.3.36-cuda-abc" / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(slim) as wheel:
+        kept = set(wheel.namelist())
+        record = {line.split(",")[0] for line in wheel.read(
+            "llama_cpp_python-0.3.36.dist-info/RECORD").decode().splitlines()}  # fmt: skip
+    libraries = {name for name in kept if name.startswith("llama_cpp/lib/")}
+    assert libraries == {
+        "llama_cpp/lib/libllama.so",
+        "llama_cpp/lib/libllama.so.0",
+        "llama_cpp/lib/libggml.so.0",
+        "llama_cpp/lib/libggml-cuda.so.0",
+    }
+    assert not any(name.startswith(("lib/", "include/")) for name in kept)
+    assert record == kept  # pip checks what it installs against RECORD
+    assert (carry / "0.3.36-cuda-abc" / "cuda-build.json").exists()
+    assert module.carry_cuda_wheels(tmp_path / "nothing", carry) == 1
