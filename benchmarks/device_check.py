@@ -218,7 +218,7 @@ def _kept_in_carry(name: str) -> bool:
 
 def slim_wheel(source: Path, target: Path) -> int:
     """`source` without the copies a wheel makes of symlinks (each shared library three times
-    in llama_cpp/lib and three more in lib/: 268 MB for one CUDA architecture, past the 64 MiB
+    in llama_cpp/lib and three more in lib/: 256 MiB for one CUDA architecture, past the 64 MiB
     a device run carries), with its RECORD listing what is kept; the bytes written."""
     with (
         zipfile.ZipFile(source) as wheel,
