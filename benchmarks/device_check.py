@@ -1,7 +1,7 @@
 """The steps of `benchmarks/device_check.sh`, each writing one JSON part to OUT/parts/.
 
     python benchmarks/device_check.py STEP --out DIR [--dry]
-    python benchmarks/device_check.py carry CACHE CARRY   (--prepare: slimmed CUDA wheels)
+    python benchmarks/device_check.py carry CACHE CARRY [ARCH]   (--prepare: slimmed wheels)
 
 Steps, in the order the script runs them (docs/gpu.md says what each compares):
     preflight  the GPUs nvidia-smi lists (none: stop, unless --dry)
@@ -51,6 +51,7 @@ NO_GPU_MESSAGE = (
 MEMORY_WITHIN = 0.05  # llama.cpp's buffers and NVML's used memory against the prediction
 SPEED_WITHIN = 0.20  # measured decode/prefill against the prediction
 N_PROMPT, N_GEN = 512, 64
+LENT_ARCH = "90"  # the device machines lent (H100, H200) are sm_90
 CONTEXT = 4096
 MIB = 2**20
 # The synthetic shapes written on the device (kernels/synthetic_model.py SHAPES) and their
@@ -234,10 +235,15 @@ def slim_wheel(source: Path, target: Path) -> int:
     return target.stat().st_size
 
 
-def carry_cuda_wheels(cache: Path, carry: Path) -> int:
-    """Each cached CUDA wheel (a folder with cuda-build.json) into `carry`, slimmed; 1 when
-    there is none."""
-    records = sorted(cache.glob("*/cuda-build.json"))
+def carry_cuda_wheels(cache: Path, carry: Path, arch: str = LENT_ARCH) -> int:
+    """Each cached CUDA wheel (a folder with cuda-build.json) with code for `arch` into
+    `carry`, slimmed; 1 when there is none. Only that architecture's: the sm_70 wheel alone is
+    67 MiB slimmed (CUDA 12.4's cubins are three times CUDA 13's)."""
+    records = [
+        record
+        for record in sorted(cache.glob("*/cuda-build.json"))
+        if arch in json.loads(record.read_text()).get("archs_found", [])
+    ]
     for record in records:
         folder = carry / record.parent.name
         folder.mkdir(parents=True, exist_ok=True)
@@ -686,8 +692,8 @@ STEPS = {"preflight", "engine", "probe", "plan", "tune", "report"}
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == ["carry"] and len(arguments) == 3:  # --prepare, here: CACHE CARRY
-        return carry_cuda_wheels(Path(arguments[1]), Path(arguments[2]))
+    if arguments[:1] == ["carry"] and len(arguments) in (3, 4):  # --prepare: CACHE CARRY [ARCH]
+        return carry_cuda_wheels(Path(arguments[1]), Path(arguments[2]), *arguments[3:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=sorted(STEPS))
     parser.add_argument("--out", type=Path, required=True)

@@ -49,8 +49,10 @@ prepare() {
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any -d "$CARRY/wheels" "${pinned[@]}"
   local cached="${ENGINE_WHEELS:-$HOME/.cache/hearthside/engine-wheels}"
-  if ! "$PYTHON" benchmarks/device_check.py carry "$cached" "$CARRY/engine-wheels"; then
-    echo "prepare: no CUDA wheel in $cached: run benchmarks/cuda_build.py first" >&2; exit 1
+  local arch="${ARCH:-90}"  # the lent machines' (H100, H200); ARCH=… for another
+  if ! "$PYTHON" benchmarks/device_check.py carry "$cached" "$CARRY/engine-wheels" "$arch"; then
+    echo "prepare: no sm_$arch CUDA wheel in $cached: run benchmarks/cuda_build.py first" >&2
+    exit 1
   fi
   du -sh "$CARRY"
   echo "prepare: carry .device-carry in the device run (docs/gpu.md)"

@@ -132,8 +132,13 @@ def test_a_carried_cuda_wheel_keeps_one_copy_of_each_library_under_the_name_it_i
     cache.mkdir(parents=True)
     fake_cuda_wheel(cache / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl")
     (cache / "cuda-build.json").write_text(json.dumps({"archs_found": ["90"]}))
+    volta = tmp_path / "cache" / "0.3.36-cuda-def"  # another architecture's stays behind
+    volta.mkdir()
+    fake_cuda_wheel(volta / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl")
+    (volta / "cuda-build.json").write_text(json.dumps({"archs_found": ["70"]}))
     carry = tmp_path / "carry"
     assert module.carry_cuda_wheels(tmp_path / "cache", carry) == 0
+    assert sorted(path.name for path in carry.iterdir()) == ["0.3.36-cuda-abc"]
     slim = carry / "0.3.36-cuda-abc" / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
     with zipfile.ZipFile(slim) as wheel:
         kept = set(wheel.namelist())
