@@ -16,6 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "device_check.sh"
 H200_GOLDEN = REPO / "tests" / "fixtures" / "probe" / "gpu" / "h200" / "golden.json"
+CUDA_BUILDS = REPO / "tests" / "fixtures" / "cuda_build"  # recorded here, 2026-12-05
 # nvidia-smi's answer to device_check's query, in its own format (CSV, no units), with the
 # memory the device machine's H200 reports (143771 MiB, docs/gpu.md)
 H200_NVIDIA_SMI = "NVIDIA H200, 143771, 9.0, 570.124.06, 4\n"
@@ -91,7 +92,7 @@ def test_a_wheel_is_carried_only_for_the_architecture_it_holds(tmp_path: Path) -
     folder = tmp_path / "engine-wheels" / "0.3.36-cuda-abc"
     folder.mkdir(parents=True)
     (folder / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_bytes(b"")
-    (folder / "cuda-build.json").write_text(json.dumps({"archs_found": ["70"]}))
+    shutil.copy(CUDA_BUILDS / "v100-sm70.json", folder / "cuda-build.json")
     assert module.find_cuda_wheel("90", [tmp_path / "engine-wheels"]) is None
     found = module.find_cuda_wheel("70", [tmp_path / "engine-wheels"])
     assert found is not None and found[0].parent == folder
@@ -131,11 +132,11 @@ def test_a_carried_cuda_wheel_keeps_one_copy_of_each_library_under_the_name_it_i
     cache = tmp_path / "cache" / "0.3.36-cuda-abc"
     cache.mkdir(parents=True)
     fake_cuda_wheel(cache / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl")
-    (cache / "cuda-build.json").write_text(json.dumps({"archs_found": ["90"]}))
+    shutil.copy(CUDA_BUILDS / "h200-sm90.json", cache / "cuda-build.json")
     volta = tmp_path / "cache" / "0.3.36-cuda-def"  # another architecture's stays behind
     volta.mkdir()
     fake_cuda_wheel(volta / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl")
-    (volta / "cuda-build.json").write_text(json.dumps({"archs_found": ["70"]}))
+    shutil.copy(CUDA_BUILDS / "v100-sm70.json", volta / "cuda-build.json")
     carry = tmp_path / "carry"
     assert module.carry_cuda_wheels(tmp_path / "cache", carry) == 0
     assert sorted(path.name for path in carry.iterdir()) == ["0.3.36-cuda-abc"]
