@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from hearthside.autotune.calibration import logits_seconds, planner_figures
-from hearthside.autotune.cpu_costs import KernelCosts, last_token_seconds, layer_seconds
+from hearthside.autotune.cpu_costs import KernelCosts, last_token_seconds
 from hearthside.autotune.fingerprint import machine_fingerprint
 from hearthside.autotune.memory import WeightPiece
 from hearthside.autotune.planner import Machine, describe_machine
@@ -53,8 +53,6 @@ from hearthside.kernels.synthetic_model import SyntheticShape, uniform_writable
 KINDS = ("decode", "prefill")
 _WORK_KEYS = {"decode": (READ_BYTES, READ_ROWS), "prefill": (PREFILL_WEIGHTS, PREFILL_ROWS)}
 DEFAULT_BUDGET_S = 30.0  # all the types of one model together, after writing the probes
-# the probes' architecture: the calibration's speed probes are llama-shaped
-PROBE_ARCHITECTURE = "llama"
 
 
 @dataclass(frozen=True)
@@ -303,7 +301,11 @@ def _fixed_seconds(kind: str, run: _Run, machine: Machine) -> float:
     """A token's seconds beside its weights': its layers', the call's, and for prefill its
     share of what the batch runs once (`last_token_seconds`)."""
     figures = machine.kernel_figures
-    per_layer = layer_seconds(figures, kind, PROBE_ARCHITECTURE)
+    # the layer cost fitted together with the calibration's probes, which these imitate; not
+    # `layer_seconds` of "llama": when the shipped model is llama-shaped that is what its own
+    # run left after its weights (41 us a layer for SmolLM2 on the Xeon, 14x the probes'),
+    # which made a 107-layer probe's fixed costs exceed its whole time
+    per_layer = figures.get(f"{kind}_overhead_s_per_layer", 0.0)
     per_token = figures.get(f"{kind}_overhead_s_per_token", 0.0)
     n_prompt = int(run.params.get("n_prompt") or 0)
     if kind == "prefill" and n_prompt:

@@ -212,3 +212,58 @@ def test_measuring_a_moe_models_experts_stores_their_cost(tmp_path: Path) -> Non
     assert after["prefill_efficiency:Q4_0+experts"] > 0
     assert "Q4_0 (routed experts)" in cost_reason(planned(model, after))
     assert "routed experts) estimated" not in cost_reason(planned(model, after))
+
+
+def test_a_deep_probe_is_fitted_with_the_probes_layer_cost_not_the_shipped_models(
+    tmp_path: Path,
+) -> None:
+    """When the shipped model is llama-shaped, the calibration stores what its run left after
+    its weights as llama's layer cost (41 us a layer for SmolLM2 on the 2-core Xeon, 14x the
+    probes' own). Charged to a 107-layer type probe, that exceeded the probe's whole time:
+    the narrow probe was dropped and the routed experts' prefill cost came out 1.2x too slow
+    (a Qwen3-30B-A3B's prefill predicted at 0.70-0.76 of llama-bench's). Recorded here: two
+    Q4_1 probes, a deep narrow one and a shallow wide one, that run exactly as the
+    calibration costs Q5_0 (its probes' layer cost included); the fit must give Q5_0's."""
+    from hearthside.autotune.cpu_costs import last_token_seconds
+    from hearthside.autotune.type_costs import _fit_type, _Run, _TypePlan
+    from hearthside.kernels.engine_run import (
+        LAST_TOKEN_BYTES,
+        LAST_TOKEN_ROWS,
+        PREFILL_ROWS,
+        PREFILL_WEIGHTS,
+        READ_BYTES,
+        READ_ROWS,
+        per_token_work,
+    )
+
+    figures = planner_figures(recorded_report()) | {"prefill_overhead_s_per_layer:llama": 41e-6}
+    machine = describe_machine(probe_hardware(), figures)
+    prefill, decode = machine.cpu_costs("prefill"), machine.cpu_costs("decode")
+
+    def as_q5_0(run: _Run, key: str) -> dict[str, float]:
+        return {"Q5_0" if t == "Q4_1" else t: v for t, v in run.work(key).items()}
+
+    runs = {}
+    for width, layers in ((256, 60), (1024, 4)):
+        shape = SyntheticShape("llama", layers, width, width // 64, 1, 4 * width, n_vocab=512)
+        path = write_uniform_gguf(tmp_path / f"{width}.gguf", shape, "Q4_1")
+        run = _Run({}, {**per_token_work(validate_gguf(path)), "n_prompt": 128})
+        once = last_token_seconds(
+            decode, figures, as_q5_0(run, LAST_TOKEN_BYTES), as_q5_0(run, LAST_TOKEN_ROWS)
+        )
+        run.seconds["prefill"] = (
+            prefill.seconds(as_q5_0(run, PREFILL_WEIGHTS), as_q5_0(run, PREFILL_ROWS))
+            + layers * figures["prefill_overhead_s_per_layer"]
+            + figures.get("prefill_overhead_s_per_token", 0.0)
+            + once / 128
+        )
+        run.seconds["decode"] = (
+            decode.seconds(as_q5_0(run, READ_BYTES), as_q5_0(run, READ_ROWS))
+            + layers * figures["decode_overhead_s_per_layer"]
+            + figures["decode_overhead_s_per_token"]
+        )
+        runs[f"Q4_1@{width}"] = run
+    fitted = _fit_type(_TypePlan("Q4_1", None), runs, machine).figures
+    assert fitted["prefill_efficiency:Q4_1"] == pytest.approx(
+        figures["prefill_efficiency:Q5_0"], rel=0.01
+    )
