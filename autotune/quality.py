@@ -42,7 +42,7 @@ import numpy as np
 from hearthside.autotune.fingerprint import model_fingerprint
 from hearthside.autotune.wisdom import QualityRecord, WisdomDB
 from hearthside.core.engine.config import EngineConfig
-from hearthside.core.engine.worker_engine import WorkerEngine
+from hearthside.core.engine.worker_engine import EngineLoader, WorkerEngine
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.descriptor import QUANT_PROFILES
 from hearthside.core.models.gguf_validator import validate_gguf
@@ -369,9 +369,10 @@ def compute_reference(
     *,
     n_gpu_layers: int = 0,
     progress: ProgressCallback | None = None,
+    load: EngineLoader = WorkerEngine,
 ) -> ReferenceLogits:
     """One pass of the reference: its top-K per scored position."""
-    engine = WorkerEngine(eval_config(reference, n_ctx, n_gpu_layers))
+    engine = load(eval_config(reference, n_ctx, n_gpu_layers))
     try:
         tokens, bos, n_vocab = engine.run(eval_tokens, text.text)
         chunks = chunked(tokens, n_ctx, bos)
@@ -400,10 +401,11 @@ def score_candidate(
     *,
     n_gpu_layers: int = 0,
     progress: ProgressCallback | None = None,
+    load: EngineLoader = WorkerEngine,
 ) -> ChunkScores:
     """One pass of `candidate` over the reference's chunks, probed at its kept tokens."""
     n_ctx = reference.chunks.shape[1]
-    engine = WorkerEngine(eval_config(candidate, n_ctx, n_gpu_layers))
+    engine = load(eval_config(candidate, n_ctx, n_gpu_layers))
     try:
         if engine.n_vocab != reference.n_vocab:
             raise QualityError(
@@ -470,6 +472,7 @@ def measure_quality(
     cache_dir: Path | None = None,
     n_gpu_layers: int = 0,
     progress: ProgressCallback | None = None,
+    load: EngineLoader = WorkerEngine,
 ) -> QualityReport:
     """Each candidate's quality against `reference` (loaded with an f16 KV cache): from the
     autotune DB when it holds them for this text and context, else measured — one pass per
@@ -491,9 +494,11 @@ def measure_quality(
             continue
         if logits is None:
             logits, computed = _reference_logits(
-                cache, reference, text, n_ctx, n_gpu_layers, progress
+                cache, reference, text, n_ctx, n_gpu_layers, progress, load
             )
-        scores = score_candidate(candidate, logits, n_gpu_layers=n_gpu_layers, progress=progress)
+        scores = score_candidate(
+            candidate, logits, n_gpu_layers=n_gpu_layers, progress=progress, load=load
+        )
         record = summarize(
             candidate,
             reference,
@@ -514,10 +519,13 @@ def _reference_logits(
     n_ctx: int,
     n_gpu_layers: int,
     progress: ProgressCallback | None,
+    load: EngineLoader,
 ) -> tuple[ReferenceLogits, bool]:
     """The cached distributions, or one pass that computes and caches them (True)."""
     if cache.exists():
         return ReferenceLogits.load(cache), False
-    logits = compute_reference(reference, text, n_ctx, n_gpu_layers=n_gpu_layers, progress=progress)
+    logits = compute_reference(
+        reference, text, n_ctx, n_gpu_layers=n_gpu_layers, progress=progress, load=load
+    )
     logits.save(cache)
     return logits, True

@@ -50,6 +50,7 @@ from hearthside.autotune.quality import (
 )
 from hearthside.autotune.tune_budget import ENGINE_LOAD_S, PhaseNote
 from hearthside.autotune.wisdom import Rigor, WisdomDB
+from hearthside.core.engine.worker_engine import EngineLoader, WorkerEngine
 from hearthside.core.errors import EngineError
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.store import ModelRecord, ModelStore
@@ -95,6 +96,7 @@ def kv_quality(
     n_ctx: int | None = None,
     cache_dir: Path | None = None,
     fingerprint: str | None = None,
+    load: EngineLoader = WorkerEngine,
 ) -> KvQuality:
     """The quality of each of `kv_types` on `model_path` against its f16-KV self: from the DB,
     or measured while `seconds_left()` holds its passes, or else its prior (`fingerprint`:
@@ -124,6 +126,7 @@ def kv_quality(
                 text=text,
                 n_ctx=n_ctx,
                 cache_dir=cache.parent,
+                load=load,
             )
         except (EngineError, QualityError) as exc:
             stands_in = kv_quality_text(kv_type, kv_prior(kv_type, priors))
@@ -209,6 +212,7 @@ def variant_quality(
     text: EvalText | None = None,
     n_ctx: int | None = None,
     cache_dir: Path | None = None,
+    load: EngineLoader = WorkerEngine,
 ) -> tuple[RunQuality, PhaseNote | None]:
     """`variant`'s quality against `reference_path` (f16 KV both): stored, else measured while
     its passes fit `seconds_left()`, else unmeasured with a note."""
@@ -237,6 +241,7 @@ def variant_quality(
             text=text,
             n_ctx=n_ctx,
             cache_dir=cache_dir,
+            load=load,
         )
     except (EngineError, QualityError) as exc:
         why = f"{variant.label} quality not measured: {exc.message}; it counts as over budget"

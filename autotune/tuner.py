@@ -110,7 +110,7 @@ from hearthside.core.engine.config import (
 )
 from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.speculative import SpeculationStats, merge_stats
-from hearthside.core.engine.worker_engine import WorkerEngine
+from hearthside.core.engine.worker_engine import EngineLoader, WorkerEngine
 from hearthside.core.errors import EngineCrashedError, EngineError, EngineOutOfMemoryError
 from hearthside.core.models.spec import ModelSpec, spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile
@@ -345,6 +345,7 @@ def tune(
     key: TuningKey | None = None,
     variants: Sequence[QuantVariant] | None = None,
     kld_budget: float = KLD_BUDGET,
+    load: EngineLoader = WorkerEngine,
 ) -> TuneResult:
     """Measure within `budget_s` in all; store runs, efficiency and the winner.
 
@@ -359,128 +360,308 @@ def tune(
     `workloads` defaults to the shipped ones (`assets/speculative_prompts.json`). With
     `save_default=False` nothing is saved as a default (the wizard saves on Apply), nor when
     other programs were busy (`TuneResult.busy`); runs are always recorded. `key` is the
-    model's tuning key when the caller has computed it.
+    model's tuning key when the caller has computed it. `load` starts an engine for a config
+    (each in a worker process of its own by default); every engine the run uses comes from it.
     `variants` are the model's quant variants to try at the best settings found for the file
     (None: those installed, `installed_variants`); when one wins, its file is the pick and the
     winner is saved as that file's default (the tuned file keeps its own pick as its default).
     """
-    notify = listener or (lambda _event: None)
-    stop = cancel or threading.Event()
+    request = TuneRequest(
+        model_path,
+        profile,
+        goal,
+        budget_s,
+        rigor,
+        save_default,
+        speculation,
+        tuple(drafts),
+        workloads,
+        key,
+        variants,
+        kld_budget,
+    )
     owned = wisdom is None
     db = wisdom or WisdomDB()
     try:
-        clock = TuneClock(budget_s)
-        key = key or tuning_key(profile, model_path)
-        db.note_machine(key.machine, machine_identity(profile))
-        sync_recipes(db)
-        spec = spec_from_gguf(model_path)
-        notes = list(measure_missing_types(model_path, profile, db, clock))
-        if variants is None:
-            variants, variant_notes = installed_variants(model_path)
-            notes += variant_notes
-        prepared = _prepare(model_path, profile, goal, db, key, spec)
-        calibration, planned = prepared.calibration, prepared.planned
-        baseline_config, python_config = prepared.baseline, prepared.python
-        queue, predictions = prepared.queue, prepared.predictions
-        clock.split(
-            prepared.audit_s,
-            speculation=speculation,
-            variants=bool(variants),
-            candidates_first_s=candidates_first_s(_candidate_s(prepared, db, key, rigor)[0]),
-        )
-        roles = [_role(baseline_config, python_config, config) for config in queue]
-        announce = _with_roles(notify, roles)
-        runs = _measure_candidates(
-            db, key, queue, predictions, rigor, planned, clock, announce, stop
-        )
-        notes += runs.notes
-        not_measured = _not_measured(queue, predictions, roles, runs)
-        baseline = next((r for r in runs.runs if _same(r.config, baseline_config)), None)
-        python_defaults = next((r for r in runs.runs if _same(r.config, python_config)), None)
-        tuned = [
-            r
-            for r in runs.runs
-            if r.outcome == "ok" and _choice_for_chat(r, python_defaults, bool(spec.swa_layers))
-        ]
-        quality = None
-        if tuned and not stop.is_set():
-            quality = _kv_quality(db, model_path, key.model, tuned, rigor, clock, notify)
-            notes += quality.notes
-        own = choose(tuned, partial(_run_quality, quality), goal, kld_budget)
-        tried = _Variants()
-        if own.best is not None and variants and not stop.is_set():
-            setup = _VariantSetup(
-                db, key, model_path, profile, calibration, rigor, clock, notify, stop
-            )
-            tried = _try_variants(setup, variants, own.best, runs.typical_s, len(queue) + 1)
-            notes += tried.notes
-        choice = _choice_with_variants(tuned, quality, tried, goal, kld_budget)
-        best = choice.best
-        winner_key = best.key if best is not None else key
-        winner_path = _file_of(best, tried.variants, model_path)
-        confirmation, unconfirmed = None, False
-        if best and baseline and not stop.is_set() and needs_confirmation(best, baseline, key):
-            cost_s = runs.typical_s or _candidate_s(prepared, db, key, rigor)[0]
-            pair = (baseline, best)
-            confirmation = _confirm(key, model_path, pair, rigor, clock, cost_s, notify)
-            unconfirmed = confirmation is None
-        decisions: tuple[SpeculationDecision, ...] = ()
-        if best is not None:
-            n_ctx = int(best.config.get("n_ctx") or TUNING_CONTEXT)
-            clock.hold_for_audit(estimated_audit_s(n_ctx, best.prefill_tps, best.decode_tps))
-        if best is not None and speculation and not stop.is_set():
-            decisions = decide_speculation(
-                db,
-                winner_key,
-                winner_path,
-                best.config,
-                rigor=rigor,
-                deadline=clock.speculation_end,  # no grace: the audit's time comes next
-                drafts=drafts,
-                workloads=workloads,
-                listener=notify,
-                cancel=stop,
-                first_index=len(queue) + len(variants) + 1,
-            )
-            notes += _speculation_notes(decisions, clock)
-        audit = None
-        busy = busy_from_runs((*runs.runs, *tried.runs), best, baseline)
-        if best is None and not stop.is_set():
-            notes += _no_winner_notes(speculation)
-        if best is not None:
-            if save_default and busy is None:
-                _save_all(db, key, best, own.best, goal, decisions)
-            if not stop.is_set():
-                audit, audit_note = _audit(db, winner_key, winner_path, best, clock)
-                notes += [audit_note] if audit_note is not None else []
-        notify(TuneEvent("done", len(queue), len(queue), best.config if best else {}))
-        return TuneResult(
-            key,
-            goal,
-            best,
-            baseline,
-            (*runs.runs, *tried.runs),
-            planned,
-            audit,
-            decisions,
-            tuple(notes),
-            python_defaults,
-            quality,
-            choice.fastest,
-            kld_budget,
-            tried.variants,
-            own.best,
-            str(model_path),
-            busy,
-            not_measured,
-            len(queue),
-            runs.typical_s,
-            confirmation,
-            unconfirmed,
-        )
+        return TuningSession(request, db, listener, cancel, load).run()
     finally:
         if owned:
             db.close()
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What to tune and how (`tune`'s arguments)."""
+
+    model_path: Path
+    profile: HardwareProfile
+    goal: Goal = "fastest"
+    budget_s: float = 60.0
+    rigor: Rigor = "quick"
+    save_default: bool = True
+    speculation: bool = True
+    drafts: tuple[Path, ...] = ()
+    workloads: Sequence[Workload] | None = None
+    key: TuningKey | None = None
+    variants: Sequence[QuantVariant] | None = None
+    kld_budget: float = KLD_BUDGET
+
+
+class TuningSession:
+    """One tuning run, phase by phase, each handing the next what it found:
+
+    1. types: the weight types the calibration lacks are measured, so predictions are;
+    2. predict: every candidate predicted and put in the order of its predicted gain
+       (`_prepare`), and the budget split between the phases (`TuneClock.split`);
+    3. candidates: measured in that order while the budget holds (`_measure_candidates`);
+       those cut off are announced as not measured, with their predictions;
+    4. quality: of the KV-cache types the measured candidates used;
+    5. variants: the model's installed quant variants at the best settings so far;
+    6. confirm: a small gain over llama.cpp's defaults measured again, back to back;
+    7. speculation: per workload, on the winner;
+    8. verdict: busy or not, the defaults saved, the winner's context audit, the result.
+
+    Every engine comes from `load`; every event goes to the listener, carrying what it needs
+    (settings, prediction, measurement, outcome), so no listener reads the DB.
+    """
+
+    def __init__(
+        self,
+        request: TuneRequest,
+        db: WisdomDB,
+        listener: Listener | None = None,
+        cancel: threading.Event | None = None,
+        load: EngineLoader = WorkerEngine,
+    ) -> None:
+        self.request, self.db, self.load = request, db, load
+        self.notify: Listener = listener or (lambda _event: None)
+        self.stop = cancel or threading.Event()
+        self.clock = TuneClock(request.budget_s)
+        self.key = request.key or tuning_key(request.profile, request.model_path)
+        self.notes: list[PhaseNote] = []
+
+    def run(self) -> TuneResult:
+        request = self.request
+        self.db.note_machine(self.key.machine, machine_identity(request.profile))
+        sync_recipes(self.db)
+        spec = spec_from_gguf(request.model_path)
+        variants = self._types_and_variants()
+        prepared = self._predict(spec, bool(variants))
+        measured, roles = self._candidates(prepared)
+        not_measured = _not_measured(prepared.queue, prepared.predictions, roles, measured)
+        baseline = next((r for r in measured.runs if _same(r.config, prepared.baseline)), None)
+        python_defaults = next((r for r in measured.runs if _same(r.config, prepared.python)), None)
+        tuned = [
+            r
+            for r in measured.runs
+            if r.outcome == "ok" and _choice_for_chat(r, python_defaults, bool(spec.swa_layers))
+        ]
+        quality = self._quality(tuned)
+        own = choose(tuned, partial(_run_quality, quality), request.goal, request.kld_budget)
+        tried = self._variants(prepared, variants, own.best, measured)
+        choice = _choice_with_variants(tuned, quality, tried, request.goal, request.kld_budget)
+        best = choice.best
+        confirmation = self._confirm(prepared, measured, best, baseline)
+        decisions = self._speculation(best, tried, len(prepared.queue) + len(variants) + 1)
+        busy = busy_from_runs((*measured.runs, *tried.runs), best, baseline)
+        audit = self._verdict(best, own.best, tried, decisions, busy)
+        queued = len(prepared.queue)
+        self.notify(TuneEvent("done", queued, queued, best.config if best else {}))
+        return TuneResult(
+            self.key,
+            request.goal,
+            best,
+            baseline,
+            (*measured.runs, *tried.runs),
+            prepared.planned,
+            audit,
+            decisions,
+            tuple(self.notes),
+            python_defaults,
+            quality,
+            choice.fastest,
+            request.kld_budget,
+            tried.variants,
+            own.best,
+            str(request.model_path),
+            busy,
+            not_measured,
+            queued,
+            measured.typical_s,
+            confirmation[0],
+            confirmation[1],
+        )
+
+    def _types_and_variants(self) -> Sequence[QuantVariant]:
+        """Phase 1: the missing weight types measured; the variants to try found."""
+        request = self.request
+        self.notes += measure_missing_types(
+            request.model_path, request.profile, self.db, self.clock
+        )
+        if request.variants is not None:
+            return request.variants
+        variants, variant_notes = installed_variants(request.model_path)
+        self.notes += variant_notes
+        return variants
+
+    def _predict(self, spec: ModelSpec, has_variants: bool) -> _Prepared:
+        """Phase 2: every candidate predicted and ordered; the budget split."""
+        request = self.request
+        prepared = _prepare(
+            request.model_path, request.profile, request.goal, self.db, self.key, spec
+        )
+        candidate_s = _candidate_s(prepared, self.db, self.key, request.rigor)[0]
+        self.clock.split(
+            prepared.audit_s,
+            speculation=request.speculation,
+            variants=has_variants,
+            candidates_first_s=candidates_first_s(candidate_s),
+        )
+        return prepared
+
+    def _candidates(self, prepared: _Prepared) -> tuple[_Measured, list[Baseline]]:
+        """Phase 3: the candidates measured in order while the budget holds."""
+        roles = [_role(prepared.baseline, prepared.python, config) for config in prepared.queue]
+        measured = _measure_candidates(
+            self.db,
+            self.key,
+            prepared.queue,
+            prepared.predictions,
+            self.request.rigor,
+            prepared.planned,
+            self.clock,
+            _with_roles(self.notify, roles),
+            self.stop,
+            self.load,
+        )
+        self.notes += measured.notes
+        return measured, roles
+
+    def _quality(self, tuned: Sequence[RunRecord]) -> KvQuality | None:
+        """Phase 4: the quality of the KV-cache types the measured candidates used."""
+        if not tuned or self.stop.is_set():
+            return None
+        request = self.request
+        quality = _kv_quality(
+            self.db,
+            request.model_path,
+            self.key.model,
+            tuned,
+            request.rigor,
+            self.clock,
+            self.notify,
+            self.load,
+        )
+        self.notes += quality.notes
+        return quality
+
+    def _variants(
+        self,
+        prepared: _Prepared,
+        variants: Sequence[QuantVariant],
+        file_best: RunRecord | None,
+        measured: _Measured,
+    ) -> _Variants:
+        """Phase 5: each installed quant variant at the best settings found for the file."""
+        if file_best is None or not variants or self.stop.is_set():
+            return _Variants()
+        request = self.request
+        setup = _VariantSetup(
+            self.db,
+            self.key,
+            request.model_path,
+            request.profile,
+            prepared.calibration,
+            request.rigor,
+            self.clock,
+            self.notify,
+            self.stop,
+            self.load,
+        )
+        first_index = len(prepared.queue) + 1
+        tried = _try_variants(setup, variants, file_best, measured.typical_s, first_index)
+        self.notes += tried.notes
+        return tried
+
+    def _confirm(
+        self,
+        prepared: _Prepared,
+        measured: _Measured,
+        best: RunRecord | None,
+        baseline: RunRecord | None,
+    ) -> tuple[tuple[RunRecord, RunRecord] | None, bool]:
+        """Phase 6: a small gain over llama.cpp's defaults measured again, both back to back;
+        (the two runs or None, whether the gain stays unconfirmed)."""
+        if best is None or baseline is None or self.stop.is_set():
+            return None, False
+        if not needs_confirmation(best, baseline, self.key):
+            return None, False
+        request = self.request
+        cost_s = measured.typical_s or _candidate_s(prepared, self.db, self.key, request.rigor)[0]
+        again = _confirm(
+            self.key,
+            request.model_path,
+            (baseline, best),
+            request.rigor,
+            self.clock,
+            cost_s,
+            self.notify,
+            self.load,
+        )
+        return again, again is None
+
+    def _speculation(
+        self, best: RunRecord | None, tried: _Variants, first_index: int
+    ) -> tuple[SpeculationDecision, ...]:
+        """Phase 7: speculative decoding per workload on the winner, after the time for the
+        winner's context audit is set aside."""
+        if best is None:
+            return ()
+        n_ctx = int(best.config.get("n_ctx") or TUNING_CONTEXT)
+        self.clock.hold_for_audit(estimated_audit_s(n_ctx, best.prefill_tps, best.decode_tps))
+        request = self.request
+        if not request.speculation or self.stop.is_set():
+            return ()
+        decisions = decide_speculation(
+            self.db,
+            best.key,
+            _file_of(best, tried.variants, request.model_path),
+            best.config,
+            rigor=request.rigor,
+            deadline=self.clock.speculation_end,  # no grace: the audit's time comes next
+            drafts=request.drafts,
+            workloads=request.workloads,
+            listener=self.notify,
+            cancel=self.stop,
+            first_index=first_index,
+            load=self.load,
+        )
+        self.notes += _speculation_notes(decisions, self.clock)
+        return decisions
+
+    def _verdict(
+        self,
+        best: RunRecord | None,
+        file_best: RunRecord | None,
+        tried: _Variants,
+        decisions: Sequence[SpeculationDecision],
+        busy: str | None,
+    ) -> CapacityAudit | None:
+        """Phase 8: the winner saved as the default unless other programs were busy, and its
+        context audited in what is left of the budget."""
+        request = self.request
+        if best is None:
+            if not self.stop.is_set():
+                self.notes += _no_winner_notes(request.speculation)
+            return None
+        if request.save_default and busy is None:
+            _save_all(self.db, self.key, best, file_best, request.goal, decisions)
+        if self.stop.is_set():
+            return None
+        winner_path = _file_of(best, tried.variants, request.model_path)
+        audit, note = _audit(self.db, best.key, winner_path, best, self.clock, self.load)
+        self.notes += [note] if note is not None else []
+        return audit
 
 
 @dataclass(frozen=True)
@@ -660,6 +841,7 @@ def _kv_quality(
     rigor: Rigor,
     clock: TuneClock,
     notify: Listener,
+    load: EngineLoader,
 ) -> KvQuality:
     """The quality of each KV-cache type the measured runs used, within the quality phase."""
 
@@ -676,6 +858,7 @@ def _kv_quality(
         prefill_tps=max(run.prefill_tps or 0.0 for run in tuned),
         listener=announce,
         fingerprint=fingerprint,
+        load=load,
     )
 
 
@@ -697,6 +880,7 @@ class _VariantSetup:
     clock: TuneClock
     notify: Listener
     stop: threading.Event
+    load: EngineLoader
 
 
 @dataclass(frozen=True)
@@ -748,7 +932,19 @@ def _variant_run(
         setup.notify(replace(event, variant=variant.label, model=key.model))
 
     watchdog = Watchdog(setup.clock.variants_end + setup.clock.grace_s)
-    run = _try(setup.db, key, config, setup.rigor, None, predicted, index, total, notify, watchdog)
+    run = _try(
+        setup.db,
+        key,
+        config,
+        setup.rigor,
+        None,
+        predicted,
+        index,
+        total,
+        notify,
+        watchdog,
+        setup.load,
+    )
     return run, key.model
 
 
@@ -764,6 +960,7 @@ def _variant_quality(
         rigor=setup.rigor,
         seconds_left=lambda: setup.clock.left_s(setup.clock.variants_end),
         prefill_tps=run.prefill_tps,
+        load=setup.load,
     )
     if quality.measured:
         message = f"{variant.label} (variant): mean KLD {quality.mean_kld:.4f} vs the tuned file"
@@ -821,6 +1018,7 @@ def _measure_candidates(
     clock: TuneClock,
     notify: Listener,
     stop: threading.Event,
+    load: EngineLoader = WorkerEngine,
 ) -> _Measured:
     """The queue in order until the candidates' deadline: llama-cpp-python's defaults (with
     half the time before speculation's deadline) and the planner's pick (until the end)
@@ -846,7 +1044,8 @@ def _measure_candidates(
         started = clock.now()
         watchdog = Watchdog(deadline + clock.grace_s)
         predicted = predictions[index - 1]
-        run = _try(db, key, config, rigor, planned, predicted, index, len(queue), notify, watchdog)
+        total = len(queue)
+        run = _try(db, key, config, rigor, planned, predicted, index, total, notify, watchdog, load)
         if run is not None:
             runs.append(run)
             if clock.now() - started > 0.5:  # measured now, not answered from the DB
@@ -872,6 +1071,7 @@ def _confirm(
     clock: TuneClock,
     cost_s: float,
     notify: Listener,
+    load: EngineLoader = WorkerEngine,
 ) -> tuple[RunRecord, RunRecord] | None:
     """`pair`, llama.cpp's defaults and the pick, measured again one right after the other, from
     the time before speculation's deadline; None when that time does not hold both or a run
@@ -891,7 +1091,7 @@ def _confirm(
                 message="measured again back to back, to confirm a small gain",
             )
         )
-        measured = _measure(key, settings, rigor, None, Watchdog(deadline + clock.grace_s))
+        measured = _measure(key, settings, rigor, None, Watchdog(deadline + clock.grace_s), load)
         if measured.outcome != "ok" or not measured.decode_tps:
             return None
         again.append(measured)
@@ -1014,7 +1214,12 @@ def save_speculation_defaults(
 
 
 def _audit(
-    db: WisdomDB, key: TuningKey, model_path: Path, best: RunRecord, clock: TuneClock
+    db: WisdomDB,
+    key: TuningKey,
+    model_path: Path,
+    best: RunRecord,
+    clock: TuneClock,
+    load: EngineLoader = WorkerEngine,
 ) -> tuple[CapacityAudit | None, PhaseNote | None]:
     """Check the winner's context really holds what it promises, in what is left of the
     budget, and record it; a note when the check was cut short or could not run."""
@@ -1028,7 +1233,7 @@ def _audit(
     config = EngineConfig.from_dict({**best.config, "model_path": str(model_path)})
     watchdog = Watchdog(clock.end + clock.grace_s)
     try:
-        engine = WorkerEngine(config)
+        engine = load(config)
     except EngineError as exc:
         return None, PhaseNote("audit", f"not run: the winner did not load again ({exc.message})")
     try:
@@ -1081,6 +1286,7 @@ def _try(
     total: int,
     notify: Listener,
     watchdog: Watchdog,
+    load: EngineLoader = WorkerEngine,
 ) -> RunRecord | None:
     settings = config.to_dict()
     predicted = speed.decode_tps if speed is not None else None
@@ -1112,7 +1318,7 @@ def _try(
         )
         return known
     notify(TuneEvent("start", index, total, settings, predicted))
-    run = db.record_run(_measure(key, config, rigor, speed, watchdog))
+    run = db.record_run(_measure(key, config, rigor, speed, watchdog, load))
     if run.outcome == "ok":
         # its prediction's, and only when undisturbed: a busy machine teaches a wrong factor
         if planned is not None and _same(settings, planned.config) and not repeats_disagree(run):
@@ -1147,6 +1353,7 @@ def _measure(
     rigor: Rigor,
     speed: SpeedEstimate | None,
     watchdog: Watchdog,
+    load: EngineLoader = WorkerEngine,
 ) -> RunRecord:
     """llama-bench style runs of `config`; `timeout` when `watchdog` had to stop them."""
     settings = config.to_dict()
@@ -1158,7 +1365,7 @@ def _measure(
         else None
     )
     try:
-        engine = WorkerEngine(config)
+        engine = load(config)
     except EngineError as exc:
         kind = _failure_kind(exc)
         # what was free then: a later run tries it again when much more is (`_known_failure`)
@@ -1264,6 +1471,7 @@ def decide_speculation(
     listener: Listener | None = None,
     cancel: threading.Event | None = None,
     first_index: int = 1,
+    load: EngineLoader = WorkerEngine,
 ) -> tuple[SpeculationDecision, ...]:
     """For each workload, measure speculative decoding on `config` and decide (see
     autotune/speculative.py); runs are recorded under `speculative_key(key, workload)`.
@@ -1280,6 +1488,7 @@ def decide_speculation(
         listener or (lambda _event: None),
         cancel or threading.Event(),
         Watchdog(limit + grace_s),
+        load,
     )
     return search.run(
         limit,
@@ -1347,8 +1556,10 @@ class _SpeculationSearch:
         notify: Listener,
         stop: threading.Event,
         watchdog: Watchdog,
+        load: EngineLoader = WorkerEngine,
     ) -> None:
         self.db, self.key, self.model_path, self.rigor = db, key, model_path, rigor
+        self.load = load
         self.notify, self.stop, self.watchdog = notify, stop, watchdog
         self._trial_s = 0.0  # how long the last measured trial took, its engine's load aside
         self._load_s = 0.0
@@ -1494,7 +1705,7 @@ class _SpeculationSearch:
     def _loaded(self) -> WorkerEngine:
         if self._engine is None:
             started = time.monotonic()
-            self._engine = WorkerEngine(self.config)
+            self._engine = self.load(self.config)
             self.watchdog.arm(self._engine.pid)
             _warm_up_engine(self._engine)
             self._load_s = time.monotonic() - started

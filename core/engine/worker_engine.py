@@ -626,3 +626,8 @@ def _load_crash(config: EngineConfig, crash: EngineCrashedError) -> EngineLoadEr
 
 
 LocalEngine = Engine | WorkerEngine  # a model on this computer, in this process or a worker
+
+
+# What starts an engine for a config: `WorkerEngine` itself, or, in a test, something that
+# makes a load fail the way a machine without the memory would.
+EngineLoader = Callable[[EngineConfig], WorkerEngine]

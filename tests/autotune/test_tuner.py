@@ -27,6 +27,8 @@ from hearthside.autotune.tuner import (
 )
 from hearthside.autotune.wisdom import RunRecord, WisdomDB, config_key
 from hearthside.core.engine.config import EngineConfig, TensorOverride
+from hearthside.core.engine.worker_engine import WorkerEngine
+from hearthside.core.errors import EngineOutOfMemoryError
 from hearthside.core.models.catalog import catalog_spec
 from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.probe.runner import probe_hardware
@@ -300,3 +302,53 @@ def test_each_candidate_is_predicted_at_its_own_threads(small_model: Path) -> No
     assert both_one_speed.prefill_tps / two_speed.prefill_tps == pytest.approx(
         prefill[1] / prefill[2], rel=0.01
     )
+
+
+def test_every_engine_comes_from_the_sessions_loader_and_an_out_of_memory_load_is_kept(
+    small_model: Path,
+    profile,  # noqa: ANN001
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loader is the measure part's one door to the engine. Here it refuses one candidate
+    as a machine without the memory would: that candidate is `oom`, announced as failed, the
+    next is measured, every run and the winner's context audit loaded through it, and a
+    later run does not try the refused one again while memory is as it was."""
+    from hearthside.autotune import tuner
+
+    base = EngineConfig(str(small_model), n_ctx=512)
+    too_big, third = base.with_changes(n_ubatch=128), base.with_changes(n_ubatch=256)
+    monkeypatch.setattr(tuner, "candidates", lambda _base, _profile: [base, too_big, third])
+    loaded: list[dict[str, object]] = []
+
+    def load(config: EngineConfig) -> WorkerEngine:
+        loaded.append(config.to_dict())
+        if config_key(config.to_dict()) == config_key(too_big.to_dict()):
+            raise EngineOutOfMemoryError("could not allocate the compute buffer (recorded)")
+        return WorkerEngine(config)
+
+    events: list[TuneEvent] = []
+    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+        result = tune(
+            small_model,
+            profile,
+            budget_s=600,
+            wisdom=wisdom,
+            listener=events.append,
+            speculation=False,
+            load=load,
+        )
+        outcomes = {config_key(run.config): run.outcome for run in result.runs}
+        assert outcomes[config_key(too_big.to_dict())] == "oom"
+        assert outcomes[config_key(third.to_dict())] == "ok"
+        (refused,) = [e for e in events if e.config == too_big.to_dict() and e.kind == "failed"]
+        assert "compute buffer" in refused.message
+        loaded_keys = [config_key(settings) for settings in loaded]
+        for run in result.runs:
+            if run.outcome == "ok":
+                assert config_key(run.config) in loaded_keys
+        assert result.audit is not None  # the audit's engine came from `load` too
+        assert loaded_keys.count(config_key(result.best.config)) >= 2
+        events.clear()
+        tune(small_model, profile, budget_s=600, wisdom=wisdom, listener=events.append)
+        assert [e.kind for e in events if e.config == too_big.to_dict()] == ["skipped"]
