@@ -20,7 +20,7 @@ import collections
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, overload
 
@@ -58,6 +58,8 @@ class EngineNotice:
     crash: EngineCrashedError | None = None
 
 
+SIGNAL_CHECK_S = 0.1  # how soon a main thread waiting for a job runs a signal's handler
+
 Listener = Callable[[EngineNotice], None]
 ResultListener = Callable[[Any], None]
 
@@ -86,7 +88,16 @@ class Job(Generic[T]):
         self.cancel_event.set()
 
     def result(self, timeout: float | None = None) -> T:
+        if timeout is None and threading.current_thread() is threading.main_thread():
+            self._wait_waking_for_signals()
         return self.future.result(timeout)
+
+    def _wait_waking_for_signals(self) -> None:
+        """Python runs a Ctrl-C's or SIGTERM's handler in the main thread, but the kernel may
+        hand the signal to any thread; then the main thread only learns of it when it wakes,
+        and a wait without a timeout never does (`serve` hung on a SIGTERM during a hung load)."""
+        while not self.future.done():
+            wait([self.future], timeout=SIGNAL_CHECK_S)
 
     def done(self) -> bool:
         return self.future.done()

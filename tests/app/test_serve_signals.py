@@ -7,6 +7,7 @@ must end `serve` and every worker within seconds."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -71,6 +72,18 @@ class Serve:
             assert self.process.poll() is None, "serve exited early"
             assert time.monotonic() < deadline, "serve did not come up"
             time.sleep(0.1)
+
+    def other_threads(self) -> list[int]:
+        """Its threads besides the main one (a job's, the service's, a worker's readers)."""
+        tasks = Path(f"/proc/{self.process.pid}/task")
+        return [int(task.name) for task in tasks.iterdir() if int(task.name) != self.process.pid]
+
+    def signal_thread(self, thread: int, sig: signal.Signals) -> None:
+        """`sig` to one thread of serve: where the kernel delivers a process's signal to a
+        thread other than the main one (any thread not blocking it may take it)."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.tgkill(self.process.pid, thread, int(sig)) != 0:
+            raise OSError(ctypes.get_errno(), f"tgkill {thread}")
 
     def signal(self, sig: signal.Signals) -> None:
         if sig == signal.SIGINT:
@@ -153,5 +166,19 @@ def test_sigterm_while_the_served_model_loads_stops_serve_and_its_worker(serve: 
     loading = serve.new_worker(set())
     os.kill(loading, signal.SIGSTOP)
     serve.signal(signal.SIGTERM)
+    serve.process.wait(STOPPED_WITHIN_S)
+    assert all_gone({loading}, within_s=1) == set()
+
+
+@pytest.mark.slow
+def test_sigterm_taken_by_another_thread_while_the_served_model_loads_stops_serve(
+    serve: Serve,
+) -> None:
+    """Python runs signal handlers in the main thread only; a SIGTERM taken by the loading
+    job's thread must still wake a main thread that waits for the load."""
+    loading = serve.new_worker(set())
+    os.kill(loading, signal.SIGSTOP)
+    time.sleep(0.5)  # the main thread is asleep waiting for the load
+    serve.signal_thread(serve.other_threads()[0], signal.SIGTERM)
     serve.process.wait(STOPPED_WITHIN_S)
     assert all_gone({loading}, within_s=1) == set()
