@@ -37,7 +37,7 @@ from typing import Any, Literal
 from hearthside.autotune.busy import busy_from_calibration, busy_text, joined
 from hearthside.autotune.calibration import read_machine_context, store_calibration
 from hearthside.autotune.family_quality import kv_priors_of, variant_qualities
-from hearthside.autotune.fingerprint import TuningKey, tuning_key
+from hearthside.autotune.fingerprint import tuning_key
 from hearthside.autotune.goals import RunQuality, kld_text
 from hearthside.autotune.machine import MachineContext
 from hearthside.autotune.memory import WeightPiece, pieces_from_gguf, pieces_from_spec
@@ -152,9 +152,7 @@ class MeasureUpdate:
     kind: Literal["started", "calibrating", "calibrated", "candidate"]
     text: str = ""
     fraction: float | None = None
-    event: TuneEvent | None = None
-    memory_bytes: int | None = None  # what llama.cpp allocated for this candidate
-    outcome: str | None = None  # "oom" / "failed" / "crashed" for a failed candidate
+    event: TuneEvent | None = None  # with its run's memory, or the kind of its failure
 
 
 @dataclass(frozen=True)
@@ -720,13 +718,6 @@ def _shown_value(value: Any) -> str:
     return str(value)
 
 
-def total_memory_bytes(memory: Mapping[str, Any] | None) -> int | None:
-    """All buffers llama.cpp allocated, from a stored LoadReport."""
-    if not memory or not memory.get("devices"):
-        return None
-    return sum(int(value) for device in memory["devices"].values() for value in device.values())
-
-
 def apply_tuning(result: TuneResult) -> None:
     """Store the winner (and the speculation it measured) as the model's default here; never
     from a run that other programs disturbed (`TuneResult.busy`)."""
@@ -775,7 +766,7 @@ def measure(
             budget_s=request.budget_s,
             wisdom=db,
             rigor=request.rigor,
-            listener=lambda event: post(candidate_update(event, db, key)),
+            listener=lambda event: post(MeasureUpdate("candidate", event=event)),
             cancel=cancel,
             save_default=request.save_default and calibration_busy is None,
             key=key,
@@ -800,19 +791,6 @@ def calibrate(
         store_calibration(report, request.profile, db)
     post(MeasureUpdate("calibrated", fraction=1.0))
     return report
-
-
-def candidate_update(event: TuneEvent, db: WisdomDB, key: TuningKey) -> MeasureUpdate:
-    """The event with what the tuner stored for it: memory of a run, the kind of a failure."""
-    memory = outcome = None
-    key = replace(key, model=event.model) if event.model else key  # a quant variant's run
-    if event.kind in ("measured", "reused"):
-        run = db.lookup(key, event.config)
-        memory = total_memory_bytes(run.memory) if run is not None else None
-    elif event.kind in ("failed", "skipped"):
-        failure = db.known_failure(key, event.config)
-        outcome = failure.outcome if failure is not None else "failed"
-    return MeasureUpdate("candidate", event=event, memory_bytes=memory, outcome=outcome)
 
 
 def _threads(value: Any, automatic: str) -> str:

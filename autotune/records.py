@@ -57,6 +57,14 @@ class RunRecord:
     seconds: float | None = None
 
     @property
+    def allocated_bytes(self) -> int | None:
+        """All buffers llama.cpp allocated for it, on every device; None when not known."""
+        memory = self.memory
+        if not memory or not memory.get("devices"):
+            return None
+        return sum(int(value) for device in memory["devices"].values() for value in device.values())
+
+    @property
     def config_key(self) -> str:
         return config_key(self.config)
 

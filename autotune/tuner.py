@@ -156,6 +156,8 @@ class TuneEvent:
     baseline: Baseline = ""  # whose defaults this candidate is, if anyone's
     variant: str = ""  # a quant variant's label ("Q4_0") when the run is of that file
     model: str = ""  # that file's fingerprint (its runs' `key.model`); "": the tuned file
+    memory_bytes: int | None = None  # what llama.cpp allocated for a measured or reused run
+    outcome: str = ""  # a failed or skipped candidate's: "oom", "failed", "crashed"
 
 
 Listener = Callable[[TuneEvent], None]
@@ -1299,6 +1301,7 @@ def _try(
                 settings,
                 predicted,
                 message=f"failed before ({failure.outcome}); not retried",
+                outcome=failure.outcome,
             )
         )
         return None
@@ -1314,6 +1317,7 @@ def _try(
                 known.decode_tps,
                 known.prefill_tps,
                 "measured before",
+                memory_bytes=known.allocated_bytes,
             )
         )
         return known
@@ -1325,13 +1329,25 @@ def _try(
             _learn(db, key, run, planned)
         notify(
             TuneEvent(
-                "measured", index, total, settings, predicted, run.decode_tps, run.prefill_tps
+                "measured",
+                index,
+                total,
+                settings,
+                predicted,
+                run.decode_tps,
+                run.prefill_tps,
+                memory_bytes=run.allocated_bytes,
             )
         )
     else:  # a run stopped at its deadline is not measured, not failed
         kind: EventKind = "unmeasured" if run.outcome == "timeout" else "failed"
         message = f"not measured: {run.error}" if run.outcome == "timeout" else run.error
-        notify(TuneEvent(kind, index, total, settings, predicted, message=message or ""))
+        outcome = "" if run.outcome == "timeout" else run.outcome
+        notify(
+            TuneEvent(
+                kind, index, total, settings, predicted, message=message or "", outcome=outcome
+            )
+        )
     return run
 
 

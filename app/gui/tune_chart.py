@@ -143,20 +143,17 @@ class TuneChart(QWidget):
         self.entries = []
         self._changed()
 
-    def add_event(
-        self, event: TuneEvent, memory_bytes: int | None = None, outcome: str | None = None
-    ) -> None:
-        """One tuner event; `outcome` ("oom"/"failed") and `memory_bytes` come from the run the
-        tuner stored for it."""
+    def add_event(self, event: TuneEvent) -> None:
+        """One tuner event, with the memory of its run and the kind of a failure."""
         if event.kind == "done":
             return
         entry = ChartEntry(
             index=event.index,
             config=event.config,
-            state=_state(event, outcome),
+            state=_state(event),
             predicted_tps=event.predicted_decode_tps,
             measured_tps=event.decode_tps,
-            memory_bytes=memory_bytes,
+            memory_bytes=event.memory_bytes,
             note=event.message,
             baseline=event.baseline,
             variant=event.variant,
@@ -454,7 +451,8 @@ class TuneChart(QWidget):
         return super().event(event)
 
 
-def _state(event: TuneEvent, outcome: str | None) -> EntryState:
+def _state(event: TuneEvent) -> EntryState:
+    outcome = event.outcome
     if event.kind == "start":
         return "measuring"
     if event.kind == "measured":

@@ -739,7 +739,7 @@ class MeasurePage(QWizardPage):
                 self.status.setText(f"Trying speculative decoding on the {event.workload} prompts…")
             return
         self.total = event.total
-        self.chart.add_event(event, update.memory_bytes, update.outcome)
+        self.chart.add_event(event)
         if event.kind == "start" and not self.stopping:
             first, second = candidate_label(event.config, event.baseline, event.variant)
             self.status.setText(f"Measuring {first}, {second} ({event.index} of {event.total})…")

@@ -115,7 +115,7 @@ def competing_programs() -> object:
             loop.wait()
 
 
-@pytest.mark.slow  # a real tune (~45 s on the 2-core VM with the loops running)
+@pytest.mark.slow  # a real tune (~20 s with the loops running)
 @pytest.mark.usefixtures("competing_programs")
 def test_a_tune_beside_busy_programs_says_so_and_stores_no_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -125,7 +125,7 @@ def test_a_tune_beside_busy_programs_says_so_and_stores_no_default(
     model = write_synthetic_gguf(tmp_path / "tiny.gguf", "tiny-dense", "Q8_0")
     profile = probe_hardware()
     with WisdomDB(tmp_path / "wisdom.db") as wisdom:
-        result = tune(model, profile, budget_s=60, wisdom=wisdom, speculation=False)
+        result = tune(model, profile, budget_s=20, wisdom=wisdom, speculation=False)
         assert result.best is not None
         assert result.busy is not None, [(r.config, r.repeat_spread) for r in result.runs]
         assert wisdom.default_for(result.key) is None  # `hearthside tune` stores nothing

@@ -342,7 +342,9 @@ def test_every_engine_comes_from_the_sessions_loader_and_an_out_of_memory_load_i
         assert outcomes[config_key(too_big.to_dict())] == "oom"
         assert outcomes[config_key(third.to_dict())] == "ok"
         (refused,) = [e for e in events if e.config == too_big.to_dict() and e.kind == "failed"]
-        assert "compute buffer" in refused.message
+        assert "compute buffer" in refused.message and refused.outcome == "oom"
+        measured = [e for e in events if e.kind == "measured" and not e.workload]
+        assert measured and all(e.memory_bytes for e in measured)  # the chart's memory strip
         loaded_keys = [config_key(settings) for settings in loaded]
         for run in result.runs:
             if run.outcome == "ok":
@@ -351,4 +353,5 @@ def test_every_engine_comes_from_the_sessions_loader_and_an_out_of_memory_load_i
         assert loaded_keys.count(config_key(result.best.config)) >= 2
         events.clear()
         tune(small_model, profile, budget_s=600, wisdom=wisdom, listener=events.append)
-        assert [e.kind for e in events if e.config == too_big.to_dict()] == ["skipped"]
+        skipped = [e for e in events if e.config == too_big.to_dict()]
+        assert [(e.kind, e.outcome) for e in skipped] == [("skipped", "oom")]

@@ -36,11 +36,11 @@ def red_pixels(chart: TuneChart, position: int) -> int:
 def test_a_budget_cut_off_is_drawn_as_not_measured_not_as_a_failure(qtbot: QtBot) -> None:
     chart = TuneChart()
     qtbot.addWidget(chart)
-    chart.add_event(event("measured", 1, decode_tps=31.5), memory_bytes=811_000_000)
+    chart.add_event(event("measured", 1, decode_tps=31.5, memory_bytes=811_000_000))
     why = "not measured: not finished within the 3.1 s the tuning budget left it"
     chart.add_event(event("unmeasured", 2, message=why))  # stopped at its deadline
     chart.add_event(event("unmeasured", 3, message="not measured: the time budget ran out"))
-    chart.add_event(event("failed", 4, message="Failed to create llama_context"), outcome="oom")
+    chart.add_event(event("failed", 4, message="Failed to create llama_context", outcome="oom"))
     assert [e.state for e in chart.entries] == ["measured", "unmeasured", "unmeasured", "oom"]
     parts = chart.accessibleDescription().split(". ")
     assert "not measured (cut off by the time budget; not a failure)" in parts[1]
@@ -53,7 +53,7 @@ def test_a_budget_cut_off_is_drawn_as_not_measured_not_as_a_failure(qtbot: QtBot
 def test_a_timeout_read_back_from_the_database_is_not_measured_either(qtbot: QtBot) -> None:
     chart = TuneChart()
     qtbot.addWidget(chart)
-    chart.add_event(event("failed", 1, message="not finished"), outcome="timeout")
+    chart.add_event(event("failed", 1, message="not finished", outcome="timeout"))
     assert chart.entries[0].state == "unmeasured"
 
 

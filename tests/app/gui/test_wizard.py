@@ -349,9 +349,9 @@ def test_the_chart_keeps_failures_in_their_place(qtbot: QtBot) -> None:
     chart = TuneChart()
     qtbot.addWidget(chart)
     chart.add_event(event("start", 1))
-    chart.add_event(event("measured", 1, decode_tps=31.5), memory_bytes=811_000_000)
+    chart.add_event(event("measured", 1, decode_tps=31.5, memory_bytes=811_000_000))
     chart.add_event(event("start", 2))
-    chart.add_event(event("failed", 2, message="Failed to create llama_context"), outcome="oom")
+    chart.add_event(event("failed", 2, message="Failed to create llama_context", outcome="oom"))
     chart.add_event(event("skipped", 3, message="failed before (failed); not retried"))
     chart.add_event(event("start", 4))
     assert [e.state for e in chart.entries] == ["measured", "oom", "skipped", "measuring"]
