@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import resource
 import signal
-import threading
 from pathlib import Path
 
-import psutil
 import pytest
 
 from hearthside.autotune.memory import pieces_from_gguf
@@ -259,35 +257,3 @@ def test_a_probe_that_cannot_be_written_is_reported_with_what_to_do() -> None:
     assert [m.kind for m in probe] == ["engine_prefill", "engine_decode"]
     assert not any(m.ok for m in probe)
     assert "could not be written" in probe[0].note and "free some disk space" in probe[0].note
-
-
-def test_a_calibration_holds_two_engine_processes_however_many_probes(
-    default_model_file: Path,
-) -> None:
-    """Each probe in a worker of its own held 16 processes (about 3.8 GB) at once on a
-    2-core machine; the probes now share one host process beside the model's own."""
-    shape = SyntheticShape("llama", 2, 256, 4, 1, 512, n_vocab=512)
-    probes = [SpeedProbe(name, name, shape) for name in ("Q8_0", "Q4_0", "Q6_K", "Q2_K")]
-    most_alive, done = 0, threading.Event()
-
-    def count_workers() -> None:
-        nonlocal most_alive
-        while not done.wait(0.05):
-            children = psutil.Process().children(recursive=True)
-            most_alive = max(most_alive, len(children))
-
-    watcher = threading.Thread(target=count_workers)
-    watcher.start()
-    try:
-        measurements = measure_cpu(
-            default_model_file, probes, quick=True, budget=Budget(10.0, 1), thread_counts=()
-        )
-    finally:
-        done.set()
-        watcher.join()
-    assert all(m.ok for m in measurements), [m.note for m in measurements]
-    decode = {m.params.get("probe"): m.value for m in measurements if m.kind == "engine_decode"}
-    assert set(decode) == {None, "Q8_0", "Q4_0", "Q6_K", "Q2_K"}
-    assert len(set(decode.values())) == len(decode)  # each probe timed on its own model
-    assert 1 <= most_alive <= 2
-    assert psutil.Process().children(recursive=True) == []  # and both are gone after
