@@ -52,6 +52,7 @@ def test_an_idle_chat_model_unloads_frees_its_process_and_loads_again_on_send(
         with qtbot.waitSignal(window.bridge.reply_finished, timeout=REPLY_TIMEOUT_MS):
             window.chat_pane.submit()
             assert window.session.mode == "unavailable"  # loading first, then the reply
+        qtbot.waitUntil(lambda: window.session.mode == "idle", timeout=10_000)  # reply saved
         assert window.bridge.asleep is None and window.bridge.loaded_model is not None
         assert window.model_label.text() == window.bridge.loaded_model.name
         conversation = window.session.current_id
