@@ -156,12 +156,26 @@ def test_a_failed_configuration_is_recorded_and_never_retried(
     monkeypatch.setattr(tuner, "candidates", lambda base, profile: [broken])
     events: list[TuneEvent] = []
     with WisdomDB(tmp_path / "wisdom.db") as wisdom:
-        tune(small_model, profile, budget_s=30, wisdom=wisdom, listener=events.append)
+        tune(
+            small_model,
+            profile,
+            budget_s=30,
+            wisdom=wisdom,
+            listener=events.append,
+            speculation=False,
+        )
         assert [e.kind for e in events if e.config == broken.to_dict()] == ["start", "failed"]
         # a device this machine lacks: the planner cannot size it, so it has no predicted bar
         assert all(e.predicted_decode_tps is None for e in events if e.config == broken.to_dict())
         events.clear()
-        tune(small_model, profile, budget_s=30, wisdom=wisdom, listener=events.append)
+        tune(
+            small_model,
+            profile,
+            budget_s=30,
+            wisdom=wisdom,
+            listener=events.append,
+            speculation=False,
+        )
         assert [e.kind for e in events if e.config == broken.to_dict()] == ["skipped"]
         # (on a busy machine others may time out: a timeout is no failure, and is retried)
         (failure,) = [run for run in wisdom.runs(wisdom_key(wisdom)) if run.outcome == "failed"]
@@ -238,7 +252,14 @@ def test_a_candidate_that_crashes_the_engine_is_recorded_and_the_next_is_measure
         (crashed,) = [run for run in wisdom.export()["runs"] if run["outcome"] == "crashed"]
         assert "SIGSEGV" in crashed["error"]
         events.clear()
-        tune(small_model, profile, budget_s=600, wisdom=wisdom, listener=events.append)
+        tune(
+            small_model,
+            profile,
+            budget_s=600,
+            wisdom=wisdom,
+            listener=events.append,
+            speculation=False,
+        )
         assert [e.kind for e in events if e.config == doomed.to_dict()] == ["skipped"]
 
 
@@ -352,6 +373,13 @@ def test_every_engine_comes_from_the_sessions_loader_and_an_out_of_memory_load_i
         assert result.audit is not None  # the audit's engine came from `load` too
         assert loaded_keys.count(config_key(result.best.config)) >= 2
         events.clear()
-        tune(small_model, profile, budget_s=600, wisdom=wisdom, listener=events.append)
+        tune(
+            small_model,
+            profile,
+            budget_s=600,
+            wisdom=wisdom,
+            listener=events.append,
+            speculation=False,
+        )
         skipped = [e for e in events if e.config == too_big.to_dict()]
         assert [(e.kind, e.outcome) for e in skipped] == [("skipped", "oom")]
