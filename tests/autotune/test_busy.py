@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from hearthside.app.tune_cli import describe_result, result_as_dict
-from hearthside.autotune import tuner
+from hearthside.autotune import optimize, tuner
 from hearthside.autotune.busy import (
     REPEAT_NOISE_BOUND,
     busy_from_calibration,
@@ -21,9 +22,9 @@ from hearthside.autotune.busy import (
     repeats_disagree,
 )
 from hearthside.autotune.fingerprint import TuningKey
-from hearthside.autotune.optimize import apply_tuning
+from hearthside.autotune.optimize import MeasureRequest, apply_tuning
 from hearthside.autotune.records import RunRecord
-from hearthside.autotune.tuner import save_tuned_defaults, tune
+from hearthside.autotune.tuner import save_tuned_defaults
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.errors import HearthsideError
 from hearthside.core.probe.runner import probe_hardware
@@ -115,20 +116,29 @@ def competing_programs() -> object:
             loop.wait()
 
 
-@pytest.mark.slow  # a real tune (~20 s with the loops running)
+@pytest.mark.slow  # a real calibration and tune (~35 s with the loops running)
 @pytest.mark.usefixtures("competing_programs")
-def test_a_tune_beside_busy_programs_says_so_and_stores_no_default(
+def test_a_calibration_and_tune_beside_busy_programs_say_so_and_store_no_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """What `hearthside tune` and the wizard run with "Calibrate first" ticked: both the
+    calibration's and the tuner's repeats see the other programs, and nothing is stored."""
+    monkeypatch.setattr(optimize, "CALIBRATION_BUDGET_S", 10.0)
     # llama.cpp's defaults (every core), the planner's pick and llama-cpp-python's defaults
     monkeypatch.setattr(tuner, "candidates", lambda base, _profile: [base])
     model = write_synthetic_gguf(tmp_path / "tiny.gguf", "tiny-dense", "Q8_0")
-    profile = probe_hardware()
-    with WisdomDB(tmp_path / "wisdom.db") as wisdom:
-        result = tune(model, profile, budget_s=20, wisdom=wisdom, speculation=False)
-        assert result.best is not None
-        assert result.busy is not None, [(r.config, r.repeat_spread) for r in result.runs]
-        assert wisdom.default_for(result.key) is None  # `hearthside tune` stores nothing
+    request = MeasureRequest(
+        model, probe_hardware(), "fastest", 20.0, calibrate=True, save_default=True
+    )
+    result = optimize.measure(request, threading.Event(), lambda _update: None)
+    assert result is not None and result.best is not None
+    assert result.busy is not None
+    assert "calibration measurements varied by more than 15%" in result.busy
+    assert "settings disagreed by more than" in result.busy, [
+        (r.config, r.repeat_spread) for r in result.runs
+    ]
+    with WisdomDB() as wisdom:
+        assert wisdom.default_for(result.key) is None  # `hearthside tune` stored nothing
         assert not save_tuned_defaults(wisdom, result)  # nor the wizard's Apply
         assert wisdom.default_for(result.key) is None
     with pytest.raises(HearthsideError) as refused:
