@@ -128,7 +128,7 @@ def test_a_calibration_and_tune_beside_busy_programs_say_so_and_store_no_default
     monkeypatch.setattr(tuner, "candidates", lambda base, _profile: [base])
     model = write_synthetic_gguf(tmp_path / "tiny.gguf", "tiny-dense", "Q8_0")
     request = MeasureRequest(
-        model, probe_hardware(), "fastest", 20.0, calibrate=True, save_default=True
+        model, probe_hardware(), "fastest", 10.0, calibrate=True, save_default=True
     )
     result = optimize.measure(request, threading.Event(), lambda _update: None)
     assert result is not None and result.best is not None
