@@ -116,13 +116,14 @@ def competing_programs() -> object:
             loop.wait()
 
 
-@pytest.mark.slow  # a real calibration and tune (~35 s with the loops running)
+@pytest.mark.slow  # a real calibration and tune (~25 s with the loops running)
 @pytest.mark.usefixtures("competing_programs")
 def test_a_calibration_and_tune_beside_busy_programs_say_so_and_store_no_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What `hearthside tune` and the wizard run with "Calibrate first" ticked: both the
-    calibration's and the tuner's repeats see the other programs, and nothing is stored."""
+    """What the wizard runs with "Calibrate first" ticked, asked to store the winner at once
+    as `hearthside tune` does: both the calibration's and the tuner's repeats see the other
+    programs, and nothing is stored."""
     monkeypatch.setattr(optimize, "CALIBRATION_BUDGET_S", 10.0)
     # llama.cpp's defaults (every core), the planner's pick and llama-cpp-python's defaults
     monkeypatch.setattr(tuner, "candidates", lambda base, _profile: [base])
@@ -138,7 +139,7 @@ def test_a_calibration_and_tune_beside_busy_programs_say_so_and_store_no_default
         (r.config, r.repeat_spread) for r in result.runs
     ]
     with WisdomDB() as wisdom:
-        assert wisdom.default_for(result.key) is None  # `hearthside tune` stored nothing
+        assert wisdom.default_for(result.key) is None  # not stored at once
         assert not save_tuned_defaults(wisdom, result)  # nor the wizard's Apply
         assert wisdom.default_for(result.key) is None
     with pytest.raises(HearthsideError) as refused:
