@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # the planner applies the priors: it imports this module
 # llama.cpp#4739) to ~0.03 (Llama 3 8B, whose perplexity it raises 2.8%, llama.cpp#6936).
 # Above 0.05 nats per token the most likely next token differs noticeably more often.
 KLD_BUDGET = 0.05
+# Decode speed-ups inside this band are measurement noise, not a difference.
+SAME_SPEED_BAND = (0.95, 1.05)
 BALANCED_FLOOR = 0.95
 QUALITY_FLOOR = 0.80
 # The priors for a KV cache not measured yet, from `hearthside quality --ctx 512` on the shipped

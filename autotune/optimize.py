@@ -38,6 +38,7 @@ from hearthside.autotune.busy import busy_from_calibration, busy_text, joined
 from hearthside.autotune.calibration import read_machine_context, store_calibration
 from hearthside.autotune.family_quality import kv_priors_of, variant_qualities
 from hearthside.autotune.fingerprint import tuning_key
+from hearthside.autotune.goals import SAME_SPEED_BAND as SAME_SPEED_BAND
 from hearthside.autotune.goals import RunQuality, kld_text
 from hearthside.autotune.machine import MachineContext
 from hearthside.autotune.memory import WeightPiece, pieces_from_gguf, pieces_from_spec
@@ -52,7 +53,6 @@ from hearthside.autotune.tune_wait import (
 )
 
 # The tuner's result and events, for the callers of `measure` (the CLI, the wizard).
-from hearthside.autotune.tuner import SAME_SPEED_BAND as SAME_SPEED_BAND
 from hearthside.autotune.tuner import TUNING_CONTEXT as TUNING_CONTEXT
 from hearthside.autotune.tuner import NotMeasured as NotMeasured
 from hearthside.autotune.tuner import TuneEvent as TuneEvent

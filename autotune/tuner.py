@@ -54,6 +54,7 @@ from hearthside.autotune.fingerprint import (
 )
 from hearthside.autotune.goals import (
     KLD_BUDGET,
+    SAME_SPEED_BAND,
     Choice,
     RunQuality,
     choose,
@@ -162,8 +163,6 @@ class TuneEvent:
 
 Listener = Callable[[TuneEvent], None]
 
-# Decode speed-ups inside this band are measurement noise, not a difference.
-SAME_SPEED_BAND = (0.95, 1.05)
 # A gain below this, from one run each minutes apart (or one answered from the DB), is
 # measured again back to back before it is claimed: on Llama 3.1 8B here `tune` showed 1.057x
 # for settings that decode alike natively (0.986x, benchmarks/realistic_models.py).
