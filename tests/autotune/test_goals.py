@@ -45,6 +45,21 @@ def test_fastest_takes_the_fastest_run_within_the_budget_and_says_what_it_cost()
     assert choice.budget_cost == 50.0 / 44.0
 
 
+def test_fastest_keeps_the_full_precision_cache_when_the_quantized_one_is_within_the_noise() -> (
+    None
+):
+    # the Llama 3.1 8B shape on the EPYC: q8_0 KV measured 1.02x, natively the same speed
+    f16, q8 = run("f16", 6.90), run("q8_0", 6.90 * 1.02)
+    choice = choose([f16, q8], by_kv(), "fastest")
+    assert choice.best is f16 and choice.fastest is q8
+    assert choose([f16, run("q8_0", 6.90 * 1.06)], by_kv(), "fastest").best is not f16
+    # among the full-precision runs the fastest still wins, however small its lead
+    two_threads = run("f16", 6.95, threads=2)
+    assert choose([run("f16", 6.90, threads=1), two_threads], by_kv(), "fastest").best is (
+        two_threads
+    )
+
+
 def test_a_measured_kld_within_the_budget_outranks_a_pessimistic_prior() -> None:
     f16, q4 = run("f16", 40.0), run("q4_0", 50.0)
     assert choose([f16, q4], by_kv(), "fastest").best is f16  # the q4_0 prior is over budget
