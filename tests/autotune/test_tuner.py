@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -156,7 +157,9 @@ def test_a_failed_configuration_is_recorded_and_never_retried(
     monkeypatch.setattr(tuner, "candidates", lambda base, profile: [broken])
     events: list[TuneEvent] = []
     with WisdomDB(tmp_path / "wisdom.db") as wisdom:
-        tune(
+        # speculation is left to the stored-run test
+        tune_once = partial(
+            tune,
             small_model,
             profile,
             budget_s=30,
@@ -164,18 +167,12 @@ def test_a_failed_configuration_is_recorded_and_never_retried(
             listener=events.append,
             speculation=False,
         )
+        tune_once()
         assert [e.kind for e in events if e.config == broken.to_dict()] == ["start", "failed"]
         # a device this machine lacks: the planner cannot size it, so it has no predicted bar
         assert all(e.predicted_decode_tps is None for e in events if e.config == broken.to_dict())
         events.clear()
-        tune(
-            small_model,
-            profile,
-            budget_s=30,
-            wisdom=wisdom,
-            listener=events.append,
-            speculation=False,
-        )
+        tune_once()
         assert [e.kind for e in events if e.config == broken.to_dict()] == ["skipped"]
         # (on a busy machine others may time out: a timeout is no failure, and is retried)
         (failure,) = [run for run in wisdom.runs(wisdom_key(wisdom)) if run.outcome == "failed"]
