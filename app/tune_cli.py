@@ -127,7 +127,7 @@ def _event_text(event: TuneEvent) -> str:
     if event.kind == "unmeasured":
         return f"[{event.index}/{event.total}] not measured: {what}"
     if event.kind == "confirm":
-        return f"measuring again back to back, to confirm a small gain: {what}"
+        return f"measuring again back to back, to confirm the gain: {what}"
     if event.variant:
         what = f"{event.variant} (variant), {what}"
     measured = f" → {event.decode_tps:.1f} tok/s" if event.decode_tps else ""
@@ -143,6 +143,7 @@ def result_as_dict(result: TuneResult) -> dict[str, object]:
         "llama_cpp_python_defaults": _run_dict(result.python_defaults, result),
         "speedup_over_defaults": result.speedup,
         "speedup_confirmed": result.confirmation is not None,
+        "speedup_may_be_noise_because": result.unconfirmed or None,
         "speedup_over_llama_cpp_python_defaults": result.speedup_over_python_defaults,
         "quality_reference": result.quality.reference if result.quality else None,
         "kld_budget": result.kld_budget,
@@ -234,11 +235,13 @@ def _comparison_lines(result: TuneResult) -> list[str]:
     if result.speedup is not None:
         lines.append(f"Chosen settings decode {result.speedup:.2f}x llama.cpp's defaults.")
     if result.confirmation is not None:
-        lines.append("  (both measured again back to back to confirm it: the ratio is over both)")
+        lines.append(
+            "  (both measured again back to back to confirm it: the smaller gain of the two)"
+        )
     elif result.unconfirmed:
         lines.append(
-            "  (measured once each, minutes apart: a gain this small can be noise; a longer "
-            "budget measures both again back to back)"
+            f"  (measured once each, minutes apart: {result.unconfirmed}, so it may be noise; "
+            "a longer budget measures both again back to back)"
         )
     if result.speedup_over_python_defaults is not None:
         lines.append(

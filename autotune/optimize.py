@@ -511,8 +511,8 @@ def _verdict(result: TuneResult) -> tuple[str, str]:
     if speedup >= SAME_SPEED_BAND[1]:
         headline = f"{speedup:.2f}× faster than llama.cpp's defaults"
         unconfirmed = (
-            " Measured once each, minutes apart: a gain this small can be noise; give it more "
-            "time to measure both again back to back."
+            f" Measured once each, minutes apart: {result.unconfirmed}, so it may be noise; "
+            "give it more time to measure both again back to back."
             if result.unconfirmed
             else ""
         )
@@ -553,13 +553,14 @@ def _defaults_verdict(result: TuneResult) -> tuple[str, str]:
 
 
 def _confirmation_text(result: TuneResult) -> str:
-    """The second, back-to-back measurement of a small gain, when there was one."""
+    """The second, back-to-back measurement of a gain that may be noise, when there was one."""
     if result.confirmation is None:
         return ""
     baseline_again, best_again = result.confirmation
     return (
         f"; again back to back {best_again.decode_tps or 0:.1f} vs "
-        f"{baseline_again.decode_tps or 0:.1f} tok/s, so {result.speedup or 0:.2f}× over both"
+        f"{baseline_again.decode_tps or 0:.1f} tok/s, so {result.speedup or 0:.2f}×, the "
+        "smaller gain of the two"
     )
 
 

@@ -167,6 +167,11 @@ Listener = Callable[[TuneEvent], None]
 # measured again back to back before it is claimed: on Llama 3.1 8B here `tune` showed 1.057x
 # for settings that decode alike natively (0.986x, benchmarks/realistic_models.py).
 CONFIRM_BELOW = 1.15
+# Settings that cannot change decode speed: a token at a time is one micro-batch whatever the
+# batch sizes, computed with `n_threads` (llama.cpp takes `n_threads_batch` for batches of more
+# than one token). On the 8B here `tune` showed 1.16x for batch 512 over the defaults' 2048, from
+# one slow measurement of the defaults; natively the pick read 6.0 tok/s and the defaults 6.9.
+DECODE_NEUTRAL = ("n_batch", "n_ubatch", "n_threads_batch")
 
 
 @dataclass(frozen=True)
@@ -220,9 +225,10 @@ class TuneResult:
     not_measured: tuple[NotMeasured, ...] = ()
     candidates: int = 0
     candidate_s: float = 0.0
-    # a small gain measured again back to back: (llama.cpp's defaults, the pick), or None
+    # a gain that may be noise measured again back to back: (llama.cpp's defaults, the pick)
     confirmation: tuple[RunRecord, RunRecord] | None = None
-    unconfirmed: bool = False  # a small gain there was no time to measure again
+    # why a gain that may be noise needed measuring again, when there was no time to
+    unconfirmed: str = ""
 
     @property
     def chosen_variant(self) -> VariantRun | None:
@@ -234,13 +240,15 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        """The winner's decode speed over llama.cpp's defaults': over both measurements of
-        each when the gain was measured again back to back."""
+        """The winner's decode speed over llama.cpp's defaults'; when the gain was measured
+        again back to back, the smaller of the two: a gain is claimed only as far as both
+        measurements show it."""
         first = _ratio(self.best, self.baseline)
         if first is None or self.confirmation is None:
             return first
         baseline_again, best_again = self.confirmation
-        return _decode_sum(self.best, best_again) / _decode_sum(self.baseline, baseline_again)
+        again = _ratio(best_again, baseline_again)
+        return first if again is None else min(first, again)
 
     @property
     def speedup_over_python_defaults(self) -> float | None:
@@ -254,10 +262,6 @@ class TuneResult:
     def quality_of(self, run: RunRecord) -> RunQuality:
         variant = self.variant_of(run)
         return variant.quality if variant is not None else _run_quality(self.quality, run)
-
-
-def _decode_sum(*runs: RunRecord | None) -> float:
-    return sum(run.decode_tps or 0.0 for run in runs if run is not None)
 
 
 def _ratio(first: RunRecord | None, second: RunRecord | None) -> float | None:
@@ -418,7 +422,8 @@ class TuningSession:
        those cut off are announced as not measured, with their predictions;
     4. quality: of the KV-cache types the measured candidates used;
     5. variants: the model's installed quant variants at the best settings so far;
-    6. confirm: a small gain over llama.cpp's defaults measured again, back to back;
+    6. confirm: a gain over llama.cpp's defaults that may be noise (small, from repeats that
+       varied as much, or between settings that cannot change decode) measured again;
     7. speculation: per workload, on the winner;
     8. verdict: busy or not, the defaults saved, the winner's context audit, the result.
 
@@ -590,13 +595,14 @@ class TuningSession:
         measured: _Measured,
         best: RunRecord | None,
         baseline: RunRecord | None,
-    ) -> tuple[tuple[RunRecord, RunRecord] | None, bool]:
-        """Phase 6: a small gain over llama.cpp's defaults measured again, both back to back;
-        (the two runs or None, whether the gain stays unconfirmed)."""
+    ) -> tuple[tuple[RunRecord, RunRecord] | None, str]:
+        """Phase 6: a gain over llama.cpp's defaults that may be noise measured again, both
+        back to back; (the two runs or None, why the gain needed it when it stays unconfirmed)."""
         if best is None or baseline is None or self.stop.is_set():
-            return None, False
-        if not needs_confirmation(best, baseline, self.key):
-            return None, False
+            return None, ""
+        why = confirmation_reason(best, baseline, self.key)
+        if not why:
+            return None, ""
         request = self.request
         cost_s = measured.typical_s or _candidate_s(prepared, self.db, self.key, request.rigor)[0]
         again = _confirm(
@@ -609,7 +615,7 @@ class TuningSession:
             self.notify,
             self.load,
         )
-        return again, again is None
+        return again, why if again is None else ""
 
     def _speculation(
         self, best: RunRecord | None, tried: _Variants, first_index: int
@@ -1056,12 +1062,29 @@ def _measure_candidates(
 
 
 def needs_confirmation(best: RunRecord, baseline: RunRecord, key: TuningKey) -> bool:
-    """Whether the pick's gain over llama.cpp's defaults is one the verdict would claim but
-    small enough to be the noise of two runs taken apart: then both are measured again."""
+    """Whether the pick's gain over llama.cpp's defaults must be measured again, both back to
+    back, before the verdict claims it."""
+    return bool(confirmation_reason(best, baseline, key))
+
+
+def confirmation_reason(best: RunRecord, baseline: RunRecord, key: TuningKey) -> str:
+    """Why a gain the verdict would claim may be the noise of two runs taken minutes apart,
+    in words that go before ", so it may be noise"; "" when it may not."""
     if best.key.model != key.model or config_key(best.config) == config_key(baseline.config):
-        return False  # a quant variant's gain is its file's; the defaults are the pick
+        return ""  # a quant variant's gain is its file's; the defaults are the pick
     ratio = _ratio(best, baseline)
-    return ratio is not None and SAME_SPEED_BAND[1] <= ratio < CONFIRM_BELOW
+    if ratio is None or ratio < SAME_SPEED_BAND[1]:
+        return ""  # no gain is claimed
+    if _without_decode_neutral(best.config) == _without_decode_neutral(baseline.config):
+        return "the two differ only in batch settings, which do not change decode speed"
+    spread = max(best.repeat_spread or 0.0, baseline.repeat_spread or 0.0)
+    if spread >= ratio - 1:
+        return f"their repetitions varied by up to {spread:.0%}, as much as the gain"
+    return "the gain is small" if ratio < CONFIRM_BELOW else ""
+
+
+def _without_decode_neutral(config: dict[str, Any]) -> str:
+    return config_key({k: v for k, v in config.items() if k not in DECODE_NEUTRAL})
 
 
 def _confirm(
@@ -1089,7 +1112,7 @@ def _confirm(
                 0,
                 0,
                 run.config,
-                message="measured again back to back, to confirm a small gain",
+                message="measured again back to back, to confirm the gain",
             )
         )
         measured = _measure(key, settings, rigor, None, Watchdog(deadline + clock.grace_s), load)

@@ -390,6 +390,8 @@ def measure_model(
             "plan": predicted.settings,
             "tuner's pick": settings_text(pick),
             "speed-up tune showed": tuned.get("speedup_over_defaults"),
+            "measured again back to back": tuned.get("speedup_confirmed"),
+            "may be noise because": tuned.get("speedup_may_be_noise_because"),
             "native defaults": f"llama-bench -m FILE -p {sizes.n_prompt} -n {sizes.n_gen} "
             f"-r {sizes.repetitions} (no other flag)",
             "plan natively": " ".join(

@@ -727,11 +727,11 @@ class MeasurePage(QWizardPage):
             self.detail.setText(f"Quality measured: {event.message}.")
             self.chart.mark_quality(kv_type, event.message.split(": ", 1)[-1], False)
             return
-        if event.kind == "confirm":  # a small gain measured again: not a candidate of its own
+        if event.kind == "confirm":  # a gain measured again: not a candidate of its own
             if not self.stopping:
                 self.status.setText(
                     "Measuring llama.cpp's defaults and the pick again, back to back, to confirm "
-                    "a small gain…"
+                    "the gain…"
                 )
             return
         if event.workload is not None:  # speculation measured on the winner, not a candidate
