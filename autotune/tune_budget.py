@@ -4,8 +4,9 @@
 `TYPES_SHARE`), then the candidates (first the time the ones worth measuring take, then their
 share of the rest), then the quality of their KV-cache types (`QUALITY_SHARE`
 of what the later phases share, and whatever the candidates left), then the model's installed
-quant variants at the best settings (`VARIANTS_SHARE`, only when it has some), then
-speculative decoding on the winner (`SPECULATION_SHARE`), then the winner's context audit,
+quant variants at the best settings (`VARIANTS_SHARE`, only when it has some), then the time
+to measure a small gain again (held back for two runs; speculation's when nothing needs it),
+then speculative decoding on the winner (`SPECULATION_SHARE`), then the winner's context audit,
 whose time is
 held back from the start (estimated from the planner's speeds, at most `AUDIT_SHARE`). A
 measurement in flight may run `grace_s` past its phase's deadline (a speculation trial none: the
@@ -96,18 +97,23 @@ class TuneClock:
         quality: bool = True,
         variants: bool = False,
         candidates_first_s: float = 0.0,
+        confirm_s: float = 0.0,
     ) -> None:
         """Deadlines for the candidates, quality, variants and speculation from what is left,
         once the weight types are measured, holding `audit_s` (at most `AUDIT_SHARE`) back for
         the audit. The candidates first get `candidates_first_s` (what measuring the ones
-        worth measuring takes: a short budget measures them before anything else), then the
+        worth measuring takes: a short budget measures them before anything else), then
+        `confirm_s` is held back after the variants (measuring a small gain again, before
+        speculation, which has that time when there is nothing to confirm), then the
         phases share the rest. Without `variants` their phase has no time: quality ends where
         it would."""
         self.hold_for_audit(audit_s)
         left = max(0.0, self.speculation_end - self.now())
         shared = left - min(candidates_first_s, left)
-        self.variants_end = self.speculation_end - (
-            SPECULATION_SHARE * shared if speculation else 0.0
+        confirm = min(confirm_s, shared)
+        shared -= confirm
+        self.variants_end = (
+            self.speculation_end - confirm - (SPECULATION_SHARE * shared if speculation else 0.0)
         )
         self.quality_end = self.variants_end - (VARIANTS_SHARE * shared if variants else 0.0)
         self.candidates_end = self.quality_end - (QUALITY_SHARE * shared if quality else 0.0)

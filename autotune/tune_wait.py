@@ -6,7 +6,8 @@ and a calibration first (the wizard's box) adds its own stated time. What B buys
 what one candidate costs on this machine: measured (this model's earlier runs here,
 `RunRecord.seconds`) or, before any, estimated from the plan's speeds (`tuner.tuning_costs`).
 `expected_wait` replays the tuner's deadlines with that cost — the weight types' share, the
-audit's time held back, the candidates' first claim (`candidates_first_s`) and share — as
+audit's time held back, the candidates' first claim (`candidates_first_s`), the time held for
+a confirmation (`confirm_reserve_s`) and the candidates' share — as
 `tuner._measure_candidates` keeps them (llama.cpp's defaults and the planner's pick always,
 each next one while it still fits), and
 `budget_measuring` finds the shortest budget that reaches a number of candidates. Pure.
@@ -24,12 +25,21 @@ from hearthside.autotune.tune_types import MIN_TYPE_S
 # the next by predicted speed, `tuner._ranked`): fewer, and the verdict has nothing to compare
 WORTH_MEASURING = 3
 ALWAYS_MEASURED = 2  # the defaults and the planner's pick, whatever the budget
+CONFIRM_RUNS = 2  # a confirmation measures llama.cpp's defaults and the pick again
 
 
 def candidates_first_s(candidate_s: float) -> float:
     """The time the candidates get before the later phases share the rest: enough for the
     ones worth measuring, so the shortest budget measures them (`TuneClock.split`)."""
     return WORTH_MEASURING * candidate_s
+
+
+def confirm_reserve_s(candidate_s: float) -> float:
+    """The time held back to measure a small gain again (llama.cpp's defaults and the pick,
+    back to back) before speculation, which has it when there is nothing to confirm. On the
+    Qwen3-30B-A3B-shaped MoE here the candidates and quality used speculation's time too, and
+    a 1.09x (0.975x natively) went out unconfirmed for want of two runs."""
+    return CONFIRM_RUNS * candidate_s
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,7 @@ def expected_wait(budget_s: float, costs: TuneCosts) -> TuneWait:
         speculation=costs.speculation,
         variants=costs.variants,
         candidates_first_s=candidates_first_s(costs.candidate_s),
+        confirm_s=confirm_reserve_s(costs.candidate_s),
     )
     measured = 0
     while measured < costs.candidates:

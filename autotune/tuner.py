@@ -92,7 +92,13 @@ from hearthside.autotune.tune_quality import (
     variant_quality,
 )
 from hearthside.autotune.tune_types import measure_missing_types
-from hearthside.autotune.tune_wait import WORTH_MEASURING, TuneCosts, candidates_first_s
+from hearthside.autotune.tune_wait import (
+    CONFIRM_RUNS,
+    WORTH_MEASURING,
+    TuneCosts,
+    candidates_first_s,
+    confirm_reserve_s,
+)
 from hearthside.autotune.type_costs import model_weight_types, unmeasured_types
 from hearthside.autotune.wisdom import (
     Outcome,
@@ -108,6 +114,7 @@ from hearthside.core.engine.config import (
     EngineConfig,
     SamplingParams,
     SpeculativeConfig,
+    physical_core_count,
 )
 from hearthside.core.engine.engine import ChatMessage, GenerationResult
 from hearthside.core.engine.speculative import SpeculationStats, merge_stats
@@ -172,6 +179,10 @@ CONFIRM_BELOW = 1.15
 # than one token). On the 8B here `tune` showed 1.16x for batch 512 over the defaults' 2048, from
 # one slow measurement of the defaults; natively the pick read 6.0 tok/s and the defaults 6.9.
 DECODE_NEUTRAL = ("n_batch", "n_ubatch", "n_threads_batch")
+# Only on a sliding-window model does `swa_full` change the cache; elsewhere the planner's True
+# and llama.cpp's False load the same engine (the Qwen3-30B-A3B-shaped MoE's pick differed from
+# the defaults in batch sizes and this alone, so its 1.09x was not confirmed as batch-only).
+SWA_ONLY = ("swa_full",)
 
 
 @dataclass(frozen=True)
@@ -460,7 +471,7 @@ class TuningSession:
         tuned = [
             r
             for r in measured.runs
-            if r.outcome == "ok" and _choice_for_chat(r, python_defaults, bool(spec.swa_layers))
+            if r.outcome == "ok" and _choice_for_chat(r, python_defaults, prepared.uses_swa)
         ]
         quality = self._quality(tuned)
         own = choose(tuned, partial(_run_quality, quality), request.goal, request.kld_budget)
@@ -522,6 +533,7 @@ class TuningSession:
             speculation=request.speculation,
             variants=has_variants,
             candidates_first_s=candidates_first_s(candidate_s),
+            confirm_s=confirm_reserve_s(candidate_s),
         )
         return prepared
 
@@ -600,7 +612,7 @@ class TuningSession:
         back to back; (the two runs or None, why the gain needed it when it stays unconfirmed)."""
         if best is None or baseline is None or self.stop.is_set():
             return None, ""
-        why = confirmation_reason(best, baseline, self.key)
+        why = confirmation_reason(best, baseline, self.key, uses_swa=prepared.uses_swa)
         if not why:
             return None, ""
         request = self.request
@@ -682,6 +694,7 @@ class _Prepared:
     queue: list[EngineConfig]
     predictions: list[SpeedEstimate | None]
     audit_s: float  # the pick's context audit, from the planner's speeds
+    uses_swa: bool  # the model has sliding-window layers (`swa_full` changes its cache)
 
 
 def _prepare(
@@ -714,7 +727,8 @@ def _prepare(
     order = _ranked(queue, predictions, fixed, python)
     queue, predictions = [queue[i] for i in order], [predictions[i] for i in order]
     audit_s = estimated_audit_s(base.n_ctx, planned.speed.prefill_tps, planned.speed.decode_tps)
-    return _Prepared(calibration, planned, baseline, python, queue, predictions, audit_s)
+    uses_swa = bool(spec.swa_layers)
+    return _Prepared(calibration, planned, baseline, python, queue, predictions, audit_s, uses_swa)
 
 
 def tuning_costs(
@@ -1061,21 +1075,26 @@ def _measure_candidates(
     return _Measured(runs, [], typical_s, len(queue))
 
 
-def needs_confirmation(best: RunRecord, baseline: RunRecord, key: TuningKey) -> bool:
+def needs_confirmation(
+    best: RunRecord, baseline: RunRecord, key: TuningKey, *, uses_swa: bool = True
+) -> bool:
     """Whether the pick's gain over llama.cpp's defaults must be measured again, both back to
     back, before the verdict claims it."""
-    return bool(confirmation_reason(best, baseline, key))
+    return bool(confirmation_reason(best, baseline, key, uses_swa=uses_swa))
 
 
-def confirmation_reason(best: RunRecord, baseline: RunRecord, key: TuningKey) -> str:
+def confirmation_reason(
+    best: RunRecord, baseline: RunRecord, key: TuningKey, *, uses_swa: bool = True
+) -> str:
     """Why a gain the verdict would claim may be the noise of two runs taken minutes apart,
-    in words that go before ", so it may be noise"; "" when it may not."""
+    in words that go before ", so it may be noise"; "" when it may not. `uses_swa`: the model
+    has sliding-window layers, so `swa_full` changes its cache."""
     if best.key.model != key.model or config_key(best.config) == config_key(baseline.config):
         return ""  # a quant variant's gain is its file's; the defaults are the pick
     ratio = _ratio(best, baseline)
     if ratio is None or ratio < SAME_SPEED_BAND[1]:
         return ""  # no gain is claimed
-    if _without_decode_neutral(best.config) == _without_decode_neutral(baseline.config):
+    if decode_settings(best.config, uses_swa) == decode_settings(baseline.config, uses_swa):
         return "the two differ only in batch settings, which do not change decode speed"
     spread = max(best.repeat_spread or 0.0, baseline.repeat_spread or 0.0)
     if spread >= ratio - 1:
@@ -1083,8 +1102,13 @@ def confirmation_reason(best: RunRecord, baseline: RunRecord, key: TuningKey) ->
     return "the gain is small" if ratio < CONFIRM_BELOW else ""
 
 
-def _without_decode_neutral(config: dict[str, Any]) -> str:
-    return config_key({k: v for k, v in config.items() if k not in DECODE_NEUTRAL})
+def decode_settings(config: dict[str, Any], uses_swa: bool) -> str:
+    """A key for what a config decodes with: the same for two configs that load the same
+    engine for one-token steps, whether threads are left to the default or named."""
+    ignored = DECODE_NEUTRAL if uses_swa else DECODE_NEUTRAL + SWA_ONLY
+    settings = {k: v for k, v in config.items() if k not in ignored}
+    settings["n_threads"] = settings.get("n_threads") or physical_core_count()
+    return config_key(settings)
 
 
 def _confirm(
@@ -1101,7 +1125,7 @@ def _confirm(
     the time before speculation's deadline; None when that time does not hold both or a run
     did not finish. Not stored: the first runs stay the record of these settings."""
     deadline = clock.speculation_end
-    if clock.now() + 2 * cost_s > deadline:
+    if clock.now() + CONFIRM_RUNS * cost_s > deadline:
         return None
     again: list[RunRecord] = []
     for run in pair:

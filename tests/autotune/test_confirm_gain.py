@@ -16,6 +16,7 @@ from hearthside.autotune.records import RunRecord, TuningKey
 from hearthside.autotune.tune_budget import TuneClock
 from hearthside.autotune.tuner import TuneEvent, confirmation_reason, needs_confirmation, tune
 from hearthside.autotune.wisdom import WisdomDB, config_key
+from hearthside.core.engine.config import physical_core_count
 from hearthside.core.probe.runner import probe_hardware
 from tests.autotune.test_optimize import with_speeds
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
@@ -69,6 +70,27 @@ def test_a_gain_between_settings_that_cannot_change_decode_is_confirmed_whatever
             )
     pick, baseline, key = _pair({"n_batch": 512, "type_k": "q8_0"})
     assert not needs_confirmation(replace(pick, decode_tps=130.0), baseline, key)
+
+
+def test_a_batch_only_gain_is_seen_through_settings_that_load_the_same_engine() -> None:
+    """The Qwen3-30B-A3B-shaped MoE's pick (batch 512/128, the planner's full sliding-window
+    cache on a model without a window, threads left to the default) showed 1.09x over the
+    defaults (2048/512, window-sized cache, threads named) and was called merely small: 0.975x
+    natively. Where the model has a window, that cache is a real difference."""
+    cores = physical_core_count()
+    changed = {"n_batch": 512, "n_ubatch": 128, "swa_full": True, "n_threads": None}
+    pick, baseline, key = _pair(changed)
+    baseline = replace(baseline, config={**baseline.config, "swa_full": False, "n_threads": cores})
+    gain = replace(pick, decode_tps=109.0)
+    batch_only = "the two differ only in batch settings, which do not change decode speed"
+    assert confirmation_reason(gain, baseline, key, uses_swa=False) == batch_only
+    assert confirmation_reason(replace(gain, decode_tps=140.0), baseline, key, uses_swa=False) == (
+        batch_only
+    )
+    assert confirmation_reason(gain, baseline, key, uses_swa=True) == "the gain is small"
+    assert not needs_confirmation(replace(gain, decode_tps=140.0), baseline, key, uses_swa=True)
+    other_threads = replace(gain, config={**gain.config, "n_threads": cores + 1})
+    assert confirmation_reason(other_threads, baseline, key, uses_swa=False) == "the gain is small"
 
 
 def test_the_speed_up_shown_is_the_smaller_of_both_measurements_and_says_so() -> None:

@@ -205,3 +205,23 @@ def test_the_candidates_worth_measuring_come_before_the_later_phases_share() -> 
     assert clock.candidates_end == pytest.approx(clock.quality_end - QUALITY_SHARE * rest)
     clock.split(audit_s=3.0, speculation=True, candidates_first_s=1000.0)  # more than is left
     assert clock.candidates_end == clock.quality_end == clock.speculation_end == 27.0
+
+
+def test_the_time_to_confirm_a_gain_is_held_back_before_speculation() -> None:
+    """The MoE here: ten candidates at 34 s each, 600 s, a minute's audit. Without the hold,
+    the candidates and quality could use everything up to speculation's share and a 1.09x gain
+    (0.975x natively) went out unconfirmed for want of two runs."""
+    now = [0.0]
+    clock = TuneClock(600.0, now=lambda: now[0])
+    clock.split(audit_s=60.0, speculation=True, candidates_first_s=3 * 34.0, confirm_s=2 * 34.0)
+    rest = clock.speculation_end - 3 * 34.0 - 2 * 34.0
+    assert clock.variants_end == pytest.approx(
+        clock.speculation_end - 2 * 34.0 - SPECULATION_SHARE * rest
+    )
+    assert clock.candidates_end == pytest.approx(clock.quality_end - QUALITY_SHARE * rest)
+    now[0] = clock.variants_end  # the phases before kept their deadlines
+    assert clock.now() + 2 * 34.0 <= clock.speculation_end - SPECULATION_SHARE * rest
+    # a budget the first candidates fill holds nothing back for a confirmation
+    clock = TuneClock(30.0, now=lambda: 0.0)
+    clock.split(audit_s=3.0, speculation=True, candidates_first_s=3 * 9.0, confirm_s=2 * 9.0)
+    assert clock.candidates_end == clock.quality_end == clock.speculation_end == 27.0
