@@ -143,6 +143,7 @@ def result_as_dict(result: TuneResult) -> dict[str, object]:
         "llama_cpp_python_defaults": _run_dict(result.python_defaults, result),
         "speedup_over_defaults": result.speedup,
         "speedup_confirmed": result.confirmation is not None,
+        "differs_from_defaults_only_in_batch_sizes": result.decode_alike,
         "speedup_may_be_noise_because": result.unconfirmed or None,
         "speedup_over_llama_cpp_python_defaults": result.speedup_over_python_defaults,
         "quality_reference": result.quality.reference if result.quality else None,
@@ -234,7 +235,12 @@ def _comparison_lines(result: TuneResult) -> list[str]:
     lines = [f"{headline}."] + ([f"{coverage}."] if coverage and coverage != headline else [])
     if result.speedup is not None:
         lines.append(f"Chosen settings decode {result.speedup:.2f}x llama.cpp's defaults.")
-    if result.confirmation is not None:
+    if result.decode_alike:
+        lines.append(
+            "  (they differ only in batch sizes, which do not change decode speed: what one "
+            "run of each read apart is noise)"
+        )
+    elif result.confirmation is not None:
         lines.append(
             "  (both measured again back to back to confirm it: the smaller gain of the two)"
         )

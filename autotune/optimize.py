@@ -508,6 +508,14 @@ def _verdict(result: TuneResult) -> tuple[str, str]:
         f"{measured} vs {baseline.decode_tps or 0:.1f} tok/s with llama.cpp's defaults "
         f"(measured now){_confirmation_text(result)}{_python_defaults_text(result)}"
     )
+    if result.decode_alike:
+        return (
+            "About as fast as llama.cpp's defaults",
+            f"Decode: {compared}. The chosen settings differ from llama.cpp's defaults only "
+            "in batch sizes, which change how fast a prompt is read, not how fast an answer "
+            "is written: the two write answers at the same speed, and the difference measured "
+            "is noise." + _quality_budget_text(result),
+        )
     if speedup >= SAME_SPEED_BAND[1]:
         headline = f"{speedup:.2f}× faster than llama.cpp's defaults"
         unconfirmed = (

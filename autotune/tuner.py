@@ -176,12 +176,13 @@ Listener = Callable[[TuneEvent], None]
 CONFIRM_BELOW = 1.15
 # Settings that cannot change decode speed: a token at a time is one micro-batch whatever the
 # batch sizes, computed with `n_threads` (llama.cpp takes `n_threads_batch` for batches of more
-# than one token). On the 8B here `tune` showed 1.16x for batch 512 over the defaults' 2048, from
-# one slow measurement of the defaults; natively the pick read 6.0 tok/s and the defaults 6.9.
+# than one token), so a gain between settings that differ only in these is never claimed. On the
+# 8B here `tune` showed 1.16x for batch 512 over the defaults' 2048, from one slow measurement
+# of the defaults (natively 6.0 vs 6.9 tok/s); on the MoE 1.13x even measured again back to back.
 DECODE_NEUTRAL = ("n_batch", "n_ubatch", "n_threads_batch")
 # Only on a sliding-window model does `swa_full` change the cache; elsewhere the planner's True
 # and llama.cpp's False load the same engine (the Qwen3-30B-A3B-shaped MoE's pick differed from
-# the defaults in batch sizes and this alone, so its 1.09x was not confirmed as batch-only).
+# the defaults in batch sizes and this alone).
 SWA_ONLY = ("swa_full",)
 
 
@@ -240,6 +241,9 @@ class TuneResult:
     confirmation: tuple[RunRecord, RunRecord] | None = None
     # why a gain that may be noise needed measuring again, when there was no time to
     unconfirmed: str = ""
+    # the pick differs from llama.cpp's defaults only in settings that cannot change decode
+    # (`decode_alike`): it decodes at their speed, whatever one run of each read
+    decode_alike: bool = False
 
     @property
     def chosen_variant(self) -> VariantRun | None:
@@ -253,8 +257,11 @@ class TuneResult:
     def speedup(self) -> float | None:
         """The winner's decode speed over llama.cpp's defaults'; when the gain was measured
         again back to back, the smaller of the two: a gain is claimed only as far as both
-        measurements show it."""
+        measurements show it. 1.0 for settings that decode alike: what two runs of them
+        read apart is noise (on the MoE here 1.13x twice in `tune`, 0.95x in-engine ABBA)."""
         first = _ratio(self.best, self.baseline)
+        if first is not None and self.decode_alike:
+            return 1.0
         if first is None or self.confirmation is None:
             return first
         baseline_again, best_again = self.confirmation
@@ -479,6 +486,12 @@ class TuningSession:
         choice = _choice_with_variants(tuned, quality, tried, request.goal, request.kld_budget)
         best = choice.best
         confirmation = self._confirm(prepared, measured, best, baseline)
+        alike = (
+            best is not None
+            and baseline is not None
+            and best.key.model == self.key.model
+            and decode_alike(best, baseline, prepared.uses_swa)
+        )
         decisions = self._speculation(best, tried, len(prepared.queue) + len(variants) + 1)
         busy = busy_from_runs((*measured.runs, *tried.runs), best, baseline)
         audit = self._verdict(best, own.best, tried, decisions, busy)
@@ -507,6 +520,7 @@ class TuningSession:
             measured.typical_s,
             confirmation[0],
             confirmation[1],
+            alike,
         )
 
     def _types_and_variants(self) -> Sequence[QuantVariant]:
@@ -1094,12 +1108,21 @@ def confirmation_reason(
     ratio = _ratio(best, baseline)
     if ratio is None or ratio < SAME_SPEED_BAND[1]:
         return ""  # no gain is claimed
-    if decode_settings(best.config, uses_swa) == decode_settings(baseline.config, uses_swa):
-        return "the two differ only in batch settings, which do not change decode speed"
+    if decode_alike(best, baseline, uses_swa):
+        return ""  # they decode alike: no gain is claimed (`TuneResult.speedup`)
     spread = max(best.repeat_spread or 0.0, baseline.repeat_spread or 0.0)
     if spread >= ratio - 1:
         return f"their repetitions varied by up to {spread:.0%}, as much as the gain"
     return "the gain is small" if ratio < CONFIRM_BELOW else ""
+
+
+def decode_alike(best: RunRecord, baseline: RunRecord, uses_swa: bool) -> bool:
+    """Whether two different configs load the same engine for one-token steps: they differ
+    only in batch settings (or, on a model without a window, `swa_full`), so a decode gain
+    between them can only be noise."""
+    if config_key(best.config) == config_key(baseline.config):
+        return False
+    return decode_settings(best.config, uses_swa) == decode_settings(baseline.config, uses_swa)
 
 
 def decode_settings(config: dict[str, Any], uses_swa: bool) -> str:

@@ -443,6 +443,9 @@ def measure_model(
             "speed-up tune showed": tuned.get("speedup_over_defaults"),
             "measured again back to back": tuned.get("speedup_confirmed"),
             "may be noise because": tuned.get("speedup_may_be_noise_because"),
+            "differs from the defaults only in batch sizes": tuned.get(
+                "differs_from_defaults_only_in_batch_sizes"
+            ),
             "native defaults": f"llama-bench -m FILE -p {sizes.n_prompt} -n {sizes.n_gen} "
             f"-r {sizes.repetitions} (no other flag)",
             "plan natively": " ".join(
