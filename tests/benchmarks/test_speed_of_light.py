@@ -4,7 +4,12 @@ Nothing here runs llama-bench or the engine."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from tests.benchmarks.test_targets import benchmark, status
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "calibration"
 
 LIMIT_TPS = 20.0  # a 0.9 GB model at 18.2 GB/s
 
@@ -40,3 +45,23 @@ def test_a_model_that_is_not_bandwidth_bound_fails() -> None:
 
 def test_no_rounds_is_a_miss_not_a_pass() -> None:
     assert status(benchmark("speed_of_light").targets([], "memory bandwidth")) == 1
+
+
+def test_the_calibration_line_says_when_its_repeats_read_a_busy_machine() -> None:
+    """Every prediction in the realistic-model and speed benchmarks stands on one calibration;
+    one that read the machine slow (the EPYC's 0.64x decode prediction) must say so."""
+    from dataclasses import replace
+
+    from hearthside.kernels.results import CalibrationReport
+
+    light = benchmark("speed_of_light")
+    recorded = json.loads((FIXTURES / "sapphire-rapids-2core.json").read_text())
+    quiet = CalibrationReport.from_dict(recorded["calibration"])
+    assert light.calibration_summary(quiet) == (
+        "calibration: RAM read 30.9 GB/s; its repeats agreed"
+    )
+    noisy = [replace(m, spread=0.4) for m in quiet.measurements]
+    busy = light.calibration_summary(replace(quiet, measurements=noisy))
+    assert busy.startswith("calibration: RAM read 30.9 GB/s; BUSY, ")
+    assert "calibration measurements varied by more than" in busy
+    assert busy.endswith("every prediction below may read low")
