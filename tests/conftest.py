@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A data dir for what starts before a test's own (module- and session-scoped servers and
+    windows): without it they would read and write the real user's data dir."""
+    home = tmp_path_factory.mktemp("session-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HEARTHSIDE_HOME", str(home))
+        yield home
 
 
 @pytest.fixture(autouse=True)
