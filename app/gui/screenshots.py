@@ -59,6 +59,7 @@ SAMPLE_QUESTION = "What is the capital of France? Answer in one word."
 REPLY_TIMEOUT_S = 60.0
 SWITCH_WIDTH = 1100
 START_TIMEOUT_S = 20.0
+GAVE_UP = "screenshots: gave up waiting"
 SAMPLE_SPEC = {
     "schema": 1,
     "gpus": [{"model": "rtx-3090", "count": 1}],
@@ -340,6 +341,7 @@ def render_main_window(outdir: Path, service: EngineService) -> list[Path]:
     try:
         window.start("default")
         wait_until(lambda: bool(loaded), START_TIMEOUT_S)
+        short_greedy_replies(window)
         ask_one_question(window)
         window.api_switch.port_box.setValue(free_port())
         window.api_switch.toggle.click()
@@ -518,11 +520,20 @@ def settle(seconds: float = 0.3) -> None:
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """True once `condition` holds; False after `timeout_s`, said on stderr (a shot taken then
+    shows the page still waiting, and the script's time grows by the whole timeout)."""
     deadline = time.monotonic() + timeout_s
     while not condition() and time.monotonic() < deadline:
         QApplication.processEvents()
         time.sleep(0.01)
-    return condition()
+    if condition():
+        return True
+    caller = sys._getframe(1)
+    print(
+        f"{GAVE_UP} after {timeout_s:.0f} s ({caller.f_code.co_name}, line {caller.f_lineno})",
+        file=sys.stderr,
+    )
+    return False
 
 
 def free_port() -> int:

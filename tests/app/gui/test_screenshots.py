@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtGui import QImage
 
+from hearthside.app.gui.screenshots import GAVE_UP
+
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
 RUN_TIMEOUT_S = 240
@@ -45,6 +47,7 @@ def test_the_script_renders_every_page(tmp_path: Path, default_model_file: Path)
         check=False,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
+    assert GAVE_UP not in completed.stderr, completed.stderr[-3000:]
     for name, (width, height) in EXPECTED.items():
         image = QImage(str(outdir / name))
         assert (image.width(), image.height()) == (width, height), name
