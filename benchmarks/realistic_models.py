@@ -490,13 +490,15 @@ def one_round(
     points: Sequence[SweepPoint],
     work: Path,
 ) -> Round:
-    """Every side once; every other round in reverse order, so no side always runs first."""
+    """Every side once; every other round in reverse order, so no side always runs first. The
+    defaults and the pick run next to each other either way: a ratio of two runs minutes apart
+    on a shared VM also measures what its neighbours did in between."""
     sizes = Sizes(args.n_prompt, args.n_gen, args.repetitions)
     binary, server = args.llama_bench, args.llama_server
     steps: dict[str, Callable[[], Any]] = {
         "defaults": lambda: native_speeds(binary, model, None, sizes),
-        "planned": lambda: native_speeds(binary, model, plan_config, sizes),
         "pick": lambda: native_speeds(binary, model, pick, sizes),
+        "planned": lambda: native_speeds(binary, model, plan_config, sizes),
         "sweep": lambda: sweep_decode(binary, model, points, sizes),
         "served": lambda: serve_once(server, model, plan_config, sizes.n_prompt, work),
     }
