@@ -237,8 +237,8 @@ def _comparison_lines(result: TuneResult) -> list[str]:
         lines.append(f"Chosen settings decode {result.speedup:.2f}x llama.cpp's defaults.")
     if result.decode_alike:
         lines.append(
-            "  (they differ only in batch sizes, which do not change decode speed: what one "
-            "run of each read apart is noise)"
+            "  (they differ only in batch sizes, set for reading a prompt: one run of each "
+            "cannot tell their decode speeds apart here, so no gain is claimed)"
         )
     elif result.confirmation is not None:
         lines.append(

@@ -512,9 +512,9 @@ def _verdict(result: TuneResult) -> tuple[str, str]:
         return (
             "About as fast as llama.cpp's defaults",
             f"Decode: {compared}. The chosen settings differ from llama.cpp's defaults only "
-            "in batch sizes, which change how fast a prompt is read, not how fast an answer "
-            "is written: the two write answers at the same speed, and the difference measured "
-            "is noise." + _quality_budget_text(result),
+            "in batch sizes, which are set for reading a prompt; one run of each cannot tell "
+            "their writing speeds apart on this machine, so no gain is claimed."
+            + _quality_budget_text(result),
         )
     if speedup >= SAME_SPEED_BAND[1]:
         headline = f"{speedup:.2f}× faster than llama.cpp's defaults"

@@ -174,11 +174,13 @@ Listener = Callable[[TuneEvent], None]
 # measured again back to back before it is claimed: on Llama 3.1 8B here `tune` showed 1.057x
 # for settings that decode alike natively (0.986x, benchmarks/realistic_models.py).
 CONFIRM_BELOW = 1.15
-# Settings that cannot change decode speed: a token at a time is one micro-batch whatever the
-# batch sizes, computed with `n_threads` (llama.cpp takes `n_threads_batch` for batches of more
-# than one token), so a gain between settings that differ only in these is never claimed. On the
-# 8B here `tune` showed 1.16x for batch 512 over the defaults' 2048, from one slow measurement
-# of the defaults (natively 6.0 vs 6.9 tok/s); on the MoE 1.13x even measured again back to back.
+# Settings whose effect on decode one run of each cannot tell apart: a token at a time is one
+# micro-batch whatever the batch sizes, computed with `n_threads` (llama.cpp takes
+# `n_threads_batch` for batches of more than one token), so a gain between settings that differ
+# only in these is never claimed. On the 8B here `tune` showed 1.16x for batch 512 over the
+# defaults' 2048, from one slow measurement of the defaults (natively 6.0 vs 6.9 tok/s); on the
+# MoE 1.13x even measured again back to back. Not nothing, though: natively on a Zen 4 EPYC the
+# MoE decoded 0.94x at batch 512 against 2048, next to each other in both rounds (2026-12-07).
 DECODE_NEUTRAL = ("n_batch", "n_ubatch", "n_threads_batch")
 # Only on a sliding-window model does `swa_full` change the cache; elsewhere the planner's True
 # and llama.cpp's False load the same engine (the Qwen3-30B-A3B-shaped MoE's pick differed from
@@ -241,8 +243,8 @@ class TuneResult:
     confirmation: tuple[RunRecord, RunRecord] | None = None
     # why a gain that may be noise needed measuring again, when there was no time to
     unconfirmed: str = ""
-    # the pick differs from llama.cpp's defaults only in settings that cannot change decode
-    # (`decode_alike`): it decodes at their speed, whatever one run of each read
+    # the pick differs from llama.cpp's defaults only in settings one run cannot tell apart
+    # in decode (`decode_alike`): no gain is claimed, whatever one run of each read
     decode_alike: bool = False
 
     @property
@@ -440,8 +442,9 @@ class TuningSession:
        those cut off are announced as not measured, with their predictions;
     4. quality: of the KV-cache types the measured candidates used;
     5. variants: the model's installed quant variants at the best settings so far;
-    6. confirm: a gain over llama.cpp's defaults that may be noise (small, from repeats that
-       varied as much, or between settings that cannot change decode) measured again;
+    6. confirm: a gain over llama.cpp's defaults that may be noise (small, or from repeats
+       that varied as much) measured again; none is claimed between settings that differ
+       only in batch sizes (`decode_alike`);
     7. speculation: per workload, on the winner;
     8. verdict: busy or not, the defaults saved, the winner's context audit, the result.
 

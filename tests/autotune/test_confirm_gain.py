@@ -111,11 +111,11 @@ def test_a_pick_that_decodes_like_the_defaults_is_shown_as_about_as_fast() -> No
     assert title == "About as fast as llama.cpp's defaults"
     assert "113.0 tok/s vs 100.0 tok/s" in detail
     assert "differ from llama.cpp's defaults only in batch sizes" in detail
-    assert "the difference measured is noise" in detail
+    assert "so no gain is claimed" in detail
     assert verdict(result)[0] == "1.13× faster than llama.cpp's defaults"
     printed = "\n".join(_comparison_lines(alike))  # `hearthside tune`
     assert "Chosen settings decode 1.00x llama.cpp's defaults." in printed
-    assert "differ only in batch sizes, which do not change decode speed" in printed
+    assert "differ only in batch sizes" in printed and "no gain is claimed" in printed
 
 
 def test_the_speed_up_shown_is_the_smaller_of_both_measurements_and_says_so() -> None:
