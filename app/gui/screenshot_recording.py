@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QWidget
 from hearthside.app.gui.wizard import (
     PAGE_MEASURE,
     OptimizeWizard,
-    TuneRunner,
+    RunnerSignals,
 )
 from hearthside.autotune.optimize import (
     MeasureRequest,
@@ -81,7 +81,7 @@ def recorded_run() -> TuneRecording:
     return TuneRecording.from_json(RECORDING_PATH.read_text(encoding="utf-8"))
 
 
-class RecordedTuneRunner(TuneRunner):
+class RecordedTuneRunner(RunnerSignals):
     """Replays a recording as if it ran now (for screenshots), `interval_ms` between updates."""
 
     def __init__(

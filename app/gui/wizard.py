@@ -43,7 +43,7 @@ import html
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 from PySide6.QtCore import (
     QModelIndex,
@@ -54,6 +54,7 @@ from PySide6.QtCore import (
     Qt,
     QTimer,
     Signal,
+    SignalInstance,
 )
 from PySide6.QtGui import QFont, QFontMetrics, QPainter
 from PySide6.QtWidgets import (
@@ -231,32 +232,35 @@ def applied_tuning(result: TuneResult, choice: ModelChoice) -> AppliedTuning:
 # ---- runners: where page 3's updates come from ------------------------------------------------
 
 
-class TuneRunner(QObject):
-    """What a runner reports on the GUI thread. Each (`ServiceTuneRunner`, the real one, and
-    the screenshots' replay, `screenshot_recording.RecordedTuneRunner`) starts one measurement
-    at a time with `start(request)`, stops it with `cancel()`, and says whether one is
-    `running` and has `started`."""
+class RunnerSignals(QObject):
+    """The signals every runner emits on the GUI thread."""
 
     update = Signal(object)  # MeasureUpdate
     finished = Signal(object)  # TuneResult, or None when nothing was tuned (stopped early)
     failed = Signal(object)  # BaseException
 
-    @property
-    def running(self) -> bool:
-        raise NotImplementedError
+
+class TuneRunner(Protocol):
+    """What the wizard needs of a runner. Each (`ServiceTuneRunner`, the real one, and the
+    screenshots' replay, `screenshot_recording.RecordedTuneRunner`) is a `RunnerSignals`,
+    starts one measurement at a time with `start(request)`, stops it with `cancel()`, and
+    says whether one is `running` and has `started`."""
 
     @property
-    def started(self) -> bool:
-        raise NotImplementedError
+    def update(self) -> SignalInstance: ...
+    @property
+    def finished(self) -> SignalInstance: ...
+    @property
+    def failed(self) -> SignalInstance: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def started(self) -> bool: ...
+    def start(self, request: MeasureRequest) -> None: ...
+    def cancel(self) -> None: ...
 
-    def start(self, request: MeasureRequest) -> None:
-        raise NotImplementedError
 
-    def cancel(self) -> None:
-        raise NotImplementedError
-
-
-class ServiceTuneRunner(TuneRunner):
+class ServiceTuneRunner(RunnerSignals):
     """The real thing: the measurement is one EngineService job (see the module docstring)."""
 
     def __init__(self, service: EngineService | None, parent: QObject | None = None) -> None:
@@ -1354,6 +1358,7 @@ __all__ = [
     "MeasureUpdate",
     "ModelChoice",
     "OptimizeWizard",
+    "RunnerSignals",
     "ServiceTuneRunner",
     "TuneRunner",
     "measure",
