@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from hearthside.autotune.busy import busy_from_calibration, busy_text, joined
+from hearthside.autotune.busy import busy_from_others, busy_text, joined
 from hearthside.autotune.calibration import read_machine_context, store_calibration
 from hearthside.autotune.family_quality import kv_priors_of, variant_qualities
 from hearthside.autotune.fingerprint import tuning_key
@@ -91,6 +91,7 @@ from hearthside.core.models.store import (
     registered_file,
 )
 from hearthside.core.paths import data_dir
+from hearthside.core.probe.cpu_use import cpu_use_now, others_cores
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.units import format_bytes, format_duration
 from hearthside.kernels import calibrate as calibration_kernels
@@ -752,18 +753,21 @@ def tuned_speed_of_light(result: TuneResult, profile: HardwareProfile) -> SpeedO
 def measure(
     request: MeasureRequest, cancel: threading.Event, post: Callable[[MeasureUpdate], None]
 ) -> TuneResult | None:
-    """Calibrate if asked, then tune; every step reported through `post`. A calibration that
-    other programs disturbed marks the result busy (`TuneResult.busy`): no default is stored."""
+    """Calibrate if asked, then tune; every step reported through `post`. When other
+    programs kept the machine busy meanwhile (their CPU time, counted around the whole run)
+    or the tuner's repeats disagreed, the result says so (`TuneResult.busy`) and no default
+    is stored."""
     post(MeasureUpdate("started"))
     if request.model_path is not None and not request.model_path.is_file():
         raise ModelFileError(
             f"The model file is missing ({request.model_path.name}).",
             hint="Add it again on the Models page, or choose another model.",
         )
-    calibration_busy = None
+    before = cpu_use_now()
     if request.calibrate:  # a whole calibration: the wizard never stores a quick one
-        whole = CalibrationRequest(request.profile, request.model_path, CALIBRATION_BUDGET_S)
-        calibration_busy = busy_from_calibration(calibrate(whole, post))
+        calibrate(
+            CalibrationRequest(request.profile, request.model_path, CALIBRATION_BUDGET_S), post
+        )
     if request.model_path is None or cancel.is_set():
         return None
     key = tuning_key(request.profile, request.model_path)
@@ -777,10 +781,15 @@ def measure(
             rigor=request.rigor,
             listener=lambda event: post(MeasureUpdate("candidate", event=event)),
             cancel=cancel,
-            save_default=request.save_default and calibration_busy is None,
+            save_default=False,  # below, once the whole run is known undisturbed
             key=key,
         )  # the winner's context check included, within the budget (its notes say if not)
-    return replace(result, busy=joined(calibration_busy, result.busy))
+        after = cpu_use_now()
+        others = busy_from_others(others_cores(before, after), after.cores)
+        result = replace(result, busy=joined(others, result.busy))
+        if request.save_default:
+            save_tuned_defaults(db, result)  # stores nothing from a busy run
+    return result
 
 
 def calibrate(

@@ -140,17 +140,17 @@ def calibrate_if_needed(home: DataHome, recorded: Path | None) -> None:
 
 
 def calibration_summary(report: Any) -> str:
-    """The calibration's RAM bandwidth and whether its own repeats say the machine was busy:
-    every prediction stands on it, and one run on the EPYC predicted decode 0.64x of what it
-    measured after a calibration that read the machine slow."""
-    from hearthside.autotune.busy import busy_from_calibration
+    """The calibration's RAM bandwidth and whether its own repeats agreed: every prediction
+    stands on it, and one run on the EPYC predicted decode 0.64x of what it measured after a
+    calibration that read the machine slow."""
+    from hearthside.autotune.busy import unsteady_calibration
 
     read = report.best("memory_read")
     bandwidth = f"RAM read {read.value:.1f} GB/s" if read is not None else "no RAM figure"
-    busy = busy_from_calibration(report)
-    if busy is None:
+    unsteady = unsteady_calibration(report)
+    if unsteady is None:
         return f"calibration: {bandwidth}; its repeats agreed"
-    return f"calibration: {bandwidth}; BUSY, {busy}: every prediction below may read low"
+    return f"calibration: {bandwidth}; UNSTEADY, {unsteady}: every prediction below may read low"
 
 
 def write_model(shape: str, quant: str, scratch: Path) -> Path:

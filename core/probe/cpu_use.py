@@ -1,0 +1,84 @@
+"""How much CPU other programs used between two moments: the direct sign of a busy machine.
+
+Repeats that disagree only hint at it, and fail both ways on a 2-core VM: an idle one's
+short engine probes varied by 25-72%, while two busy loops that take the cores steadily make
+every measurement slow but steady. So Hearthside counts instead: the CPU time the machine
+spent busy (on the CPUs this process may run on; steal, time the hypervisor gave to the
+VM's neighbours, included) minus what this process and its descendants used (the engine
+workers), over the wall time between two snapshots.
+
+A descendant that is re-parented away (orphaned) before it is reaped counts as another
+program; Hearthside reaps its engine workers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import psutil
+
+# fields of psutil.cpu_times() that are not work: idle, waiting on disks, and guest time
+# (already counted in user time on Linux)
+NOT_BUSY_FIELDS = frozenset({"idle", "iowait", "guest", "guest_nice"})
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds spent busy by the machine (on this process's CPUs) and by this process's
+    tree up to one moment, and that moment (monotonic seconds)."""
+
+    machine_busy_s: float
+    own_s: float
+    at_s: float
+    cores: int
+
+
+def cpu_use_now() -> CpuUse:
+    """The counters now."""
+    cpus = _allowed_cpus()
+    per_cpu = psutil.cpu_times(percpu=True)
+    chosen = [per_cpu[i] for i in cpus if i < len(per_cpu)] if cpus else per_cpu
+    return CpuUse(
+        sum(_busy_s(times) for times in chosen),
+        _own_tree_s(),
+        time.monotonic(),
+        len(chosen),
+    )
+
+
+def others_cores(before: CpuUse, after: CpuUse) -> float:
+    """How many cores other programs kept busy on average between the two snapshots (0 when
+    no time passed; never below 0, since the counters tick at different moments)."""
+    wall = after.at_s - before.at_s
+    if wall <= 0:
+        return 0.0
+    others = (after.machine_busy_s - before.machine_busy_s) - (after.own_s - before.own_s)
+    return max(0.0, others / wall)
+
+
+def _busy_s(times: object) -> float:
+    fields = getattr(times, "_fields", ())
+    return sum(getattr(times, name) for name in fields if name not in NOT_BUSY_FIELDS)
+
+
+def _allowed_cpus() -> list[int]:
+    """The CPUs this process may run on (a container's cpuset), where the OS says."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return []
+
+
+def _own_tree_s() -> float:
+    """CPU seconds used by this process, its live descendants and the ones already reaped."""
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # ended between the listing and the reading
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
