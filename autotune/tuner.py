@@ -484,9 +484,13 @@ class TuningSession:
             if r.outcome == "ok" and _choice_for_chat(r, python_defaults, prepared.uses_swa)
         ]
         quality = self._quality(tuned)
-        own = choose(tuned, partial(_run_quality, quality), request.goal, request.kld_budget)
+        own = choose(
+            tuned, partial(_run_quality, quality), request.goal, request.kld_budget, baseline
+        )
         tried = self._variants(prepared, variants, own.best, measured)
-        choice = _choice_with_variants(tuned, quality, tried, request.goal, request.kld_budget)
+        choice = _choice_with_variants(
+            tuned, quality, tried, request.goal, request.kld_budget, baseline
+        )
         best = choice.best
         confirmation = self._confirm(prepared, measured, best, baseline)
         alike = (
@@ -1022,14 +1026,16 @@ def _choice_with_variants(
     tried: _Variants,
     goal: Goal,
     kld_budget: float,
+    baseline: RunRecord | None,
 ) -> Choice:
-    """The goal's pick among the tuned file's runs and the variants', each at its quality."""
+    """The goal's pick among the tuned file's runs and the variants', each at its quality;
+    llama.cpp's defaults (`baseline`) kept when the pick's gain over them is noise."""
     by_model = {variant.model: variant.quality for variant in tried.variants}
 
     def run_quality(run: RunRecord) -> RunQuality:
         return by_model.get(run.key.model) or _run_quality(quality, run)
 
-    return choose([*tuned, *tried.runs], run_quality, goal, kld_budget)
+    return choose([*tuned, *tried.runs], run_quality, goal, kld_budget, baseline)
 
 
 def _file_of(best: RunRecord | None, variants: Sequence[VariantRun], model_path: Path) -> Path:

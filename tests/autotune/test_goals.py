@@ -45,6 +45,31 @@ def test_fastest_takes_the_fastest_run_within_the_budget_and_says_what_it_cost()
     assert choice.budget_cost == 50.0 / 44.0
 
 
+def test_every_goal_keeps_llama_cpps_defaults_when_the_picks_gain_is_noise() -> None:
+    # the Qwen3-30B-A3B-shaped MoE on the Zen 4 EPYC: batch 512 measured a little faster than
+    # the defaults' 2048 in the tune, and natively decoded 0.94x them
+    defaults = run("f16", 15.0)
+    small_batch = RunRecord(
+        KEY,
+        {**defaults.config, "n_batch": 512},
+        "quick",
+        "ok",
+        prefill_tps=500.0,
+        decode_tps=15.0 * 1.04,
+    )
+    for goal in ("fastest", "balanced", "quality"):
+        assert choose([defaults, small_batch], by_kv(), goal).best is small_batch
+        assert choose([defaults, small_batch], by_kv(), goal, defaults=defaults).best is defaults
+    # a gain beyond the noise still wins
+    faster = RunRecord(KEY, small_batch.config, "quick", "ok", prefill_tps=500.0, decode_tps=16.0)
+    assert choose([defaults, faster], by_kv(), "fastest", defaults=defaults).best is faster
+    # and the defaults are never kept over a pick closer to the reference
+    q8_defaults = run("q8_0", 15.0)
+    assert choose(
+        [q8_defaults, small_batch], by_kv(q8_0=0.01), "fastest", defaults=q8_defaults
+    ).best is (small_batch)
+
+
 def test_fastest_keeps_the_full_precision_cache_when_the_quantized_one_is_within_the_noise() -> (
     None
 ):
