@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hearthside.autotune.records import RunRecord
+from hearthside.core.probe.cpu_use import OTHERS_BUSY_CORES
 from hearthside.kernels.anomalies import NOISY_SPREAD
 from hearthside.kernels.results import CalibrationReport
 
@@ -28,10 +29,6 @@ from hearthside.kernels.results import CalibrationReport
 # with two busy loops started beside it, two threads spread 32-1976% (one thread 0.3-14%:
 # steady but slower, which repeats cannot catch).
 REPEAT_NOISE_BOUND = 0.25
-# Cores other programs kept busy on average while measuring beyond which they disturbed it:
-# llama.cpp's threads meet at a barrier after every matrix, so half a core taken slows a run
-# on every core. Measured (2-core Zen 4 VM): idle 0.007, one busy loop elsewhere 1.009.
-OTHERS_BUSY_CORES = 0.5
 # The share of a calibration's measurements varying by more than `NOISY_SPREAD` beyond which
 # its figures are unsteady (benchmarks say so beside their predictions). Recorded reports
 # (tests/fixtures/calibration): the quiet Sapphire Rapids VM 1 of 51 (2%), the busy EPYC VM 27

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from hearthside.core.probe.cpu_use import OTHERS_BUSY_CORES
 from hearthside.kernels.measurement import Measurement
 
 # Usable GB/s per lane per direction, after line encoding (PCI-SIG: 8b/10b up to gen 2,
@@ -77,9 +78,16 @@ def _pcie_spec(measurement: Measurement, machine: dict[str, Any]) -> float | Non
     return gpu.get("pcie_gb_s") if gpu else None
 
 
-def find_anomalies(measurements: Sequence[Measurement], machine: dict[str, Any]) -> tuple[str, ...]:
-    """Plain-language flags, most serious first."""
+def find_anomalies(
+    measurements: Sequence[Measurement],
+    machine: dict[str, Any],
+    others_cores: float = 0.0,
+    counted_cores: int = 1,
+) -> tuple[str, ...]:
+    """Plain-language flags, most serious first; `others_cores`: how many of the
+    `counted_cores` other programs kept busy on average meanwhile (`core/probe/cpu_use.py`)."""
     flags: list[str] = []
+    flags += _others_busy(others_cores, counted_cores)
     flags += _below_spec(measurements, machine)
     flags += _narrow_pcie_links(measurements, machine)
     flags += _threads_slow_memory_down(measurements)
@@ -168,6 +176,15 @@ def _disk_served_from_memory(measurements: Sequence[Measurement]) -> list[str]:
     ]
 
 
+def _others_busy(others_cores: float, cores: int) -> list[str]:
+    if others_cores <= OTHERS_BUSY_CORES:
+        return []
+    return [
+        f"Other programs kept {min(others_cores, cores):.1f} of {cores} cores busy while "
+        "measuring: the figures may be low; measure again when the computer is idle."
+    ]
+
+
 def _noisy(measurements: Sequence[Measurement]) -> list[str]:
     noisy = [m for m in _ok(measurements) if m.spread > NOISY_SPREAD]
     if not noisy:
@@ -175,8 +192,8 @@ def _noisy(measurements: Sequence[Measurement]) -> list[str]:
     names = ", ".join(dict.fromkeys(f"{m.kind} ({m.device})" for m in noisy))
     return [
         f"{len(noisy)} of {len(list(_ok(measurements)))} measurements varied by more than "
-        f"{NOISY_SPREAD:.0%} between repetitions ({names}): other programs were busy; "
-        "calibrate again on an idle machine for steadier figures."
+        f"{NOISY_SPREAD:.0%} between repetitions ({names}): predictions from them are less "
+        "certain; measuring again may give steadier figures."
     ]
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from hearthside.core.models.store import DB_FILE_NAME, ModelStore
 from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.probe.base import ProbeContext
+from hearthside.core.probe.cpu_use import cpu_use_now, others_cores
 from hearthside.core.probe.profile import DiskInfo, GpuInfo, HardwareProfile
 from hearthside.core.probe.runner import probe_hardware
 from hearthside.core.probe.spec import CatalogGpu, load_catalog
@@ -134,6 +135,7 @@ def run_calibration(
     """Measure this machine. `budget_s` defaults to DEFAULT_BUDGET_S (QUICK_BUDGET_S with
     `quick`); `model_path` to the store's default model; `profile` to a fresh probe."""
     started = time.perf_counter()
+    cpu_before = cpu_use_now()
     created_at = datetime.now(UTC).isoformat(timespec="seconds")
     total_s = budget_s if budget_s is not None else QUICK_BUDGET_S if quick else DEFAULT_BUDGET_S
     report = progress or _ignore_progress
@@ -159,13 +161,15 @@ def run_calibration(
     measurements = _run_groups(groups, budget, report)
     machine = summarize_machine(profile, torch_version=torch.version_if_loaded())
     report("done", 1.0)
+    cpu_after = cpu_use_now()
+    others = others_cores(cpu_before, cpu_after)
     return CalibrationReport(
         schema=SCHEMA_VERSION,
         created_at=created_at,
         hearthside_version=hearthside_version(),
         machine=machine,
         measurements=tuple(measurements),
-        anomalies=find_anomalies(measurements, machine),
+        anomalies=find_anomalies(measurements, machine, others, cpu_after.cores),
         duration_s=round(time.perf_counter() - started, 3),
     )
 

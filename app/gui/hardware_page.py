@@ -421,7 +421,9 @@ KIND_NAMES = {
     "engine_prefill": "Prompt speed",
     "engine_decode": "Generation speed",
 }
-DISTURBED_MARKS = ("other programs were busy", "varied by more than")
+# the CPU time other programs used (`kernels/anomalies.py`); reports stored before 2026-12-07
+# said "other programs were busy" whenever repeats varied, which an idle 2-vCPU VM's do
+DISTURBED_MARKS = ("Other programs kept", "other programs were busy")
 MODEL_SIZE_FOR_LOAD_BYTES = 4 * GIB  # "a 4 GiB model loads in …": a typical 7B–8B file
 
 

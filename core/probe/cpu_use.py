@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 import psutil
 
+# Cores other programs kept busy on average while measuring beyond which they disturbed it:
+# llama.cpp's threads meet at a barrier after every matrix, so half a core taken slows a run
+# on every core. Measured (2-core Zen 4 VM): idle 0.007, one busy loop elsewhere 1.009.
+OTHERS_BUSY_CORES = 0.5
 # fields of psutil.cpu_times() that are not work: idle, waiting on disks, and guest time
 # (already counted in user time on Linux)
 NOT_BUSY_FIELDS = frozenset({"idle", "iowait", "guest", "guest_nice"})

@@ -25,6 +25,7 @@ from hearthside.autotune.busy import (
     repeats_disagree,
     unsteady_calibration,
 )
+from hearthside.autotune.calibration import latest_report
 from hearthside.autotune.fingerprint import TuningKey
 from hearthside.autotune.optimize import MeasureRequest, apply_tuning
 from hearthside.autotune.records import RunRecord
@@ -153,6 +154,9 @@ def test_a_calibration_and_tune_beside_busy_programs_say_so_and_store_no_default
     # loops that take the cores steadily
     assert "cores busy on average while measuring" in result.busy, result.busy
     with WisdomDB() as wisdom:
+        calibration = latest_report(request.profile, wisdom)
+        assert calibration is not None  # and the Hardware page says so, counted alike
+        assert any(flag.startswith("Other programs kept") for flag in calibration.anomalies)
         assert wisdom.default_for(result.key) is None  # not stored at once
         assert not save_tuned_defaults(wisdom, result)  # nor the wizard's Apply
         assert wisdom.default_for(result.key) is None

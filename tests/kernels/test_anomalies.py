@@ -107,3 +107,13 @@ def test_a_disk_read_served_from_memory_is_flagged() -> None:
     tmpfs = measured("disk_read", "disk:tmpfs", 9.0, cached_fraction_before=1.0)
     (flag,) = find_anomalies([tmpfs], h200_machine())
     assert flag.startswith("The disk read on disk:tmpfs came from memory")
+
+
+def test_other_programs_are_named_only_when_they_used_the_cpus() -> None:
+    quiet = find_anomalies([], {}, others_cores=0.007, counted_cores=2)
+    assert not any("Other programs" in flag for flag in quiet)
+    (flag,) = find_anomalies([], {}, others_cores=1.009, counted_cores=2)
+    assert flag == (
+        "Other programs kept 1.0 of 2 cores busy while measuring: the figures may be low; "
+        "measure again when the computer is idle."
+    )
