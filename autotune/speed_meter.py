@@ -18,13 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import psutil
 
 from hearthside.autotune.backoff import free_margin
 from hearthside.autotune.calibration import calibration_for
@@ -43,6 +39,7 @@ from hearthside.core.engine.remote import RemoteConfig
 from hearthside.core.errors import HearthsideError
 from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import spec_from_gguf_info
+from hearthside.core.probe.cpu_use import cpu_use_now, others_cores
 from hearthside.core.probe.profile import HardwareProfile
 
 if TYPE_CHECKING:
@@ -130,56 +127,27 @@ def tuned_reading(
     return speed_of_light_for(config, best.decode_tps, profile, wisdom, n_gen=n_gen)
 
 
-@dataclass(frozen=True)
-class _CpuSnapshot:
-    at_s: float
-    busy_s: float  # every program's CPU time, all cores
-    own_s: float  # this process's and its children's (the engine worker's)
-
-
 class LoadSampler:
-    """Other programs' share of the CPU between two samples: all the CPU time spent minus
-    this process tree's (the engine worker is a child), over the time passed and the cores."""
+    """Other programs' share of the CPU between two samples (`core/probe/cpu_use.py`: all the
+    CPU time spent minus this process tree's, the engine worker being a child), over the time
+    passed and the cores."""
 
     def __init__(self, numa_nodes: int | None = None) -> None:
         self._numa_nodes = numa_nodes
-        self._last = _snapshot()
+        self._last = cpu_use_now()
 
     def sample(self) -> MachineLoad:
-        now = _snapshot()
+        now = cpu_use_now()
         before, self._last = self._last, now
-        elapsed = (now.at_s - before.at_s) * (psutil.cpu_count() or 1)
         others: float | None = None
-        if elapsed > 0:
-            spent = (now.busy_s - before.busy_s) - (now.own_s - before.own_s)
-            others = min(1.0, max(0.0, spent / elapsed))
+        if now.at_s > before.at_s:
+            others = min(1.0, others_cores(before, now) / max(1, now.cores))
         return MachineLoad(
             usable_cores=_usable_cores(),
             load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             others_cpu_share=others,
             numa_nodes=self._numa_nodes,
         )
-
-
-def _snapshot() -> _CpuSnapshot:
-    times = psutil.cpu_times()
-    values = times._asdict()
-    idle = values.get("idle", 0.0) + values.get("iowait", 0.0)
-    guests = values.get("guest", 0.0) + values.get("guest_nice", 0.0)  # counted in user
-    busy = sum(values.values()) - idle - guests
-    return _CpuSnapshot(time.monotonic(), busy, _own_cpu_s())
-
-
-def _own_cpu_s() -> float:
-    me = psutil.Process()
-    total = 0.0
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            spent = process.cpu_times()
-        except psutil.Error:  # a child that ended meanwhile
-            continue
-        total += spent.user + spent.system
-    return total
 
 
 def _usable_cores() -> int:
