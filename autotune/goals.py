@@ -44,6 +44,8 @@ KLD_BUDGET = 0.05
 # "about as fast"): on the Llama 3.1 8B shape one `tune` run picked a q8_0 KV cache for 1.02x
 # that natively decoded like f16 (7.44 vs 7.19 and 7.45 tok/s, benchmarks/realistic_models.py).
 SAME_SPEED_BAND = (0.95, 1.05)
+# the goals that rank runs by decode speed alone (`speed`)
+DECODE_ONLY_GOALS = ("fastest", "quality")
 BALANCED_FLOOR = 0.95
 QUALITY_FLOOR = 0.80
 # The priors for a KV cache not measured yet, from `hearthside quality --ctx 512` on the shipped
@@ -179,7 +181,7 @@ class Choice:
 def speed(run: RunRecord, goal: Goal) -> float:
     """What a goal calls fast: decode, and for the balanced goals a slow first token too."""
     decode = run.decode_tps or 0.0
-    if goal in ("fastest", "quality"):
+    if goal in DECODE_ONLY_GOALS:
         return decode
     return decode + (run.prefill_tps or 0.0) / 20
 

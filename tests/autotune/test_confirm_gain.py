@@ -13,11 +13,13 @@ import pytest
 from hearthside.app.gui.screenshot_recording import recorded_run
 from hearthside.app.tune_cli import _comparison_lines
 from hearthside.autotune import tuner
+from hearthside.autotune.goals import Choice
 from hearthside.autotune.optimize import verdict
 from hearthside.autotune.records import RunRecord, TuningKey
 from hearthside.autotune.tune_budget import TuneClock
 from hearthside.autotune.tuner import (
     TuneEvent,
+    _defaults_over_batch_only,
     confirmation_reason,
     decode_alike,
     needs_confirmation,
@@ -82,6 +84,24 @@ def test_a_gain_between_settings_that_cannot_change_decode_is_never_claimed() ->
     assert not decode_alike(pick, baseline, uses_swa=True)
     assert not needs_confirmation(replace(pick, decode_tps=130.0), baseline, key)
     assert not decode_alike(baseline, baseline, uses_swa=True)  # the defaults themselves
+
+
+def test_the_goals_that_rank_by_decode_keep_the_defaults_over_a_batch_size_pick() -> None:
+    """On a Zen 4 EPYC the Llama-3.1-8B-shaped model's tune picked batch 512 over the
+    defaults' 2048 (a decode lead that can only be noise) and showed 1.0x: it now keeps
+    llama.cpp's defaults. A goal that counts prompt speed keeps such a pick, and a pick that
+    changes decode keeps its lead."""
+    pick, baseline, _key = _pair({"n_batch": 512})
+    lead = replace(pick, decode_tps=116.0)
+    choice = Choice(lead, lead, ())
+    for goal in ("fastest", "quality"):
+        kept = _defaults_over_batch_only(choice, baseline, goal, uses_swa=True)
+        assert kept.best is baseline and kept.fastest is lead
+    assert _defaults_over_batch_only(choice, baseline, "balanced", uses_swa=True).best is lead
+    assert _defaults_over_batch_only(choice, None, "fastest", uses_swa=True).best is lead
+    q8, _, _ = _pair({"n_batch": 512, "type_k": "q8_0", "type_v": "q8_0"})
+    other = Choice(replace(q8, decode_tps=116.0), None, ())
+    assert _defaults_over_batch_only(other, baseline, "fastest", uses_swa=True) == other
 
 
 def test_settings_that_load_the_same_engine_decode_alike() -> None:
