@@ -1,9 +1,9 @@
 """`hearthside tune MODEL`: measure settings on this machine and keep the fastest.
 
 Each candidate is loaded and measured with the real engine (llama-bench style); every result
-is stored in the autotune DB, and the winner becomes the model's default here, unless the
-measurements' repetitions say other programs were busy: then it says so, stores no default and
-exits 0 (`autotune/busy.py`). Each run's
+is stored in the autotune DB, and the winner becomes the model's default here, unless other
+programs were busy (their CPU time while measuring, or the measurements' repetitions
+disagreeing): then it says so, stores no default and exits 0 (`autotune/busy.py`). Each run's
 quality (mean KL divergence, top-1 agreement and perplexity against the file with an f16 KV
 cache) is shown beside its speed, and the goal chooses by both (`autotune/goals.py`). Compared
 with llama.cpp's own defaults and llama-cpp-python's, measured the same way, in the same run.

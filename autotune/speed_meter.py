@@ -1,6 +1,7 @@
 """The speed-of-light meter's edges: the limit for a loaded model (its file, this machine's
-calibration), what the rest of the machine was doing (psutil), and `SpeedMeter`, which keeps
-the loaded model's limit and the last reply's share for whoever shows it.
+calibration), what the rest of the machine was doing (`core/probe/cpu_use.py`), and
+`SpeedMeter`, which keeps the loaded model's limit and the last reply's share for whoever
+shows it.
 
 `SpeedMeter.observe` is an `EngineService` result listener: a loaded `EngineConfig` starts
 working out its limit on a thread of its own (reading the model's tensors takes a moment;

@@ -19,7 +19,8 @@ its deadline is stopped and recorded as `timeout`, and what was cut is in `TuneR
 a candidate stopped so, or never started, is "not measured" (`TuneResult.not_measured`, an
 `unmeasured` event), never a failure.
 The goal picks the winner among all the runs, variants' too, by speed and quality (`goals.py`:
-"fastest" is the fastest within a KLD budget). Measured over predicted speed updates the
+"fastest" is the fastest within a KLD budget; llama.cpp's defaults stay the pick over a lead
+that is noise). Measured over predicted speed updates the
 machine's efficiency factors, and the winner becomes its file's default on this machine,
 unless the repetitions disagreed beyond their noise bound (`busy.py`): then other programs
 were busy, `TuneResult.busy` says why, no default is saved, and a later run measures those
