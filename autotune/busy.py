@@ -4,7 +4,8 @@ A desktop is rarely idle, and a busy one makes measured settings wrong in ways n
 fixes: on a 2-core machine with one core taken, two decode threads measure several times
 slower than one, and do so erratically. Two things give it away: the CPU time other programs
 used while measuring (`core/probe/cpu_use.py`, counted around the wizard's and `hearthside
-tune`'s whole run), and the repeats of one tuner run (llama-bench style,
+tune`'s whole run, and around each setting's own run, where a burst shows that the whole
+run's average hides), and the repeats of one tuner run (llama-bench style,
 `core/engine/bench.py`) disagreeing. A run that was disturbed stores no default, the wizard
 and `hearthside tune` say so, and the next run measures the disturbed settings again instead
 of reusing them. Pure: measured records, reports and CPU figures in, words out.
@@ -41,23 +42,53 @@ ADVICE = (
 
 
 def repeats_disagree(run: RunRecord) -> bool:
-    """Whether `run`'s repetitions disagreed beyond the noise bound: measure it again."""
+    """Whether `run`'s repetitions disagreed beyond the noise bound."""
     return run.repeat_spread is not None and run.repeat_spread > REPEAT_NOISE_BOUND
+
+
+def others_were_busy(run: RunRecord) -> bool:
+    """Whether other programs kept more than `OTHERS_BUSY_CORES` busy while `run` was
+    measured: a burst the whole tuning's average hides."""
+    return run.others_cores is not None and run.others_cores > OTHERS_BUSY_CORES
+
+
+def disturbed(run: RunRecord) -> bool:
+    """Whether `run` was measured beside busy programs, by its repeats or by what other
+    programs used meanwhile: measure it again rather than reuse or learn from it."""
+    return repeats_disagree(run) or others_were_busy(run)
 
 
 def busy_from_runs(
     runs: Sequence[RunRecord], pick: RunRecord | None, baseline: RunRecord | None
 ) -> str | None:
-    """Why the tuner's runs say other programs were busy: the repeats of the pick or of
-    llama.cpp's defaults (the verdict compares them) disagreed, or those of half the runs."""
+    """Why the tuner's runs say other programs were busy: the pick or llama.cpp's defaults
+    (the verdict compares them) were disturbed, or half the runs were."""
     timed = [run for run in runs if run.repeat_spread is not None]
-    noisy = [run for run in timed if repeats_disagree(run)]
-    decisive = [run for run in (pick, baseline) if run is not None and repeats_disagree(run)]
+    noisy = [run for run in timed if disturbed(run)]
+    decisive = [run for run in (pick, baseline) if run is not None and disturbed(run)]
     if not noisy or (not decisive and 2 * len(noisy) < len(timed)):
         return None
-    worst = max(noisy, key=lambda run: run.repeat_spread or 0.0)
+    return joined(_others_reason(noisy, len(timed)), _repeats_reason(noisy, len(timed)))
+
+
+def _others_reason(noisy: Sequence[RunRecord], timed: int) -> str | None:
+    beside = [run for run in noisy if others_were_busy(run)]
+    if not beside:
+        return None
+    most = max(run.others_cores or 0.0 for run in beside)
     return (
-        f"the repetitions of {len(noisy)} of {len(timed)} settings disagreed by more than "
+        f"other programs kept up to {most:.1f} cores busy while {len(beside)} of {timed} "
+        "settings were measured"
+    )
+
+
+def _repeats_reason(noisy: Sequence[RunRecord], timed: int) -> str | None:
+    disagreeing = [run for run in noisy if repeats_disagree(run)]
+    if not disagreeing:
+        return None
+    worst = max(disagreeing, key=lambda run: run.repeat_spread or 0.0)
+    return (
+        f"the repetitions of {len(disagreeing)} of {timed} settings disagreed by more than "
         f"{REPEAT_NOISE_BOUND:.0%} (up to {worst.repeat_spread or 0.0:.0%}, with "
         f"{worst.config.get('n_threads') or 'automatic'} threads)"
     )

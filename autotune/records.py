@@ -55,6 +55,10 @@ class RunRecord:
     # how long measuring it took here, a worker start and the model's load included: what the
     # next tuning of this model expects one candidate to cost (`tune_wait.py`)
     seconds: float | None = None
+    # cores other programs kept busy on average while it was measured (`core/probe/cpu_use.py`):
+    # a burst beside one run disturbs it though the whole tuning's average stays low; None for
+    # a run measured otherwise or before it was counted
+    others_cores: float | None = None
 
     @property
     def allocated_bytes(self) -> int | None:

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import psutil
 
-from hearthside.autotune.busy import busy_from_runs, repeats_disagree
+from hearthside.autotune.busy import busy_from_runs, disturbed
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.capacity import CapacityAudit, audit_context_within
 from hearthside.autotune.family_quality import kv_priors
@@ -123,6 +123,7 @@ from hearthside.core.engine.speculative import SpeculationStats, merge_stats
 from hearthside.core.engine.worker_engine import EngineLoader, WorkerEngine
 from hearthside.core.errors import EngineCrashedError, EngineError, EngineOutOfMemoryError
 from hearthside.core.models.spec import ModelSpec, spec_from_gguf
+from hearthside.core.probe.cpu_use import cpu_use_now, others_cores
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.kernels.engine_run import PROBE_TYPES, candidate_thread_counts
 from hearthside.kernels.measurement import spread_of
@@ -1417,7 +1418,7 @@ def _try(
         )
         return None
     known = db.lookup(key, settings, rigor)
-    if known is not None and not repeats_disagree(known):  # a disturbed one is measured again
+    if known is not None and not disturbed(known):  # a disturbed one is measured again
         notify(
             TuneEvent(
                 "reused",
@@ -1436,7 +1437,7 @@ def _try(
     run = db.record_run(_measure(key, config, rigor, speed, watchdog, load))
     if run.outcome == "ok":
         # its prediction's, and only when undisturbed: a busy machine teaches a wrong factor
-        if planned is not None and _same(settings, planned.config) and not repeats_disagree(run):
+        if planned is not None and _same(settings, planned.config) and not disturbed(run):
             _learn(db, key, run, planned)
         notify(
             TuneEvent(
@@ -1503,6 +1504,7 @@ def _measure(
     try:
         size = THOROUGH if rigor == "thorough" else QUICK
         with watchdog.watching(engine.pid):
+            before = cpu_use_now()
             report = run_bench(
                 engine,
                 n_prompt=size.n_prompt,
@@ -1510,6 +1512,7 @@ def _measure(
                 repetitions=size.repetitions,
                 warmup_s=size.warmup_s,
             )
+            others = others_cores(before, cpu_use_now())  # the worker still alive: ours
     except EngineError as exc:
         if watchdog.fired:
             why = f"not finished within the {limit_s:.1f} s the tuning budget left it"
@@ -1533,6 +1536,7 @@ def _measure(
         predicted=prediction,
         repeat_spread=max(spread_of(prefill.samples_tok_s), spread_of(decode.samples_tok_s)),
         seconds=time.monotonic() - started,
+        others_cores=others,
     )
 
 

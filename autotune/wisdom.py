@@ -230,10 +230,16 @@ def _add_run_seconds(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE runs ADD COLUMN seconds REAL")
 
 
+def _add_run_others_cores(conn: sqlite3.Connection) -> None:
+    """Schema 9: the cores other programs kept busy while each run was measured
+    (`RunRecord.others_cores`): a run disturbed by a burst is measured again, not reused."""
+    conn.execute("ALTER TABLE runs ADD COLUMN others_cores REAL")
+
+
 WISDOM = DatabaseKind(
     label="the autotune database (wisdom.db)",
     file_name="wisdom.db",
-    schema_version=8,
+    schema_version=9,
     migrations={
         0: _create_schema_v1,
         1: _add_capacity_audits,
@@ -243,6 +249,7 @@ WISDOM = DatabaseKind(
         5: _add_quality_architecture,
         6: _add_repeat_spread,
         7: _add_run_seconds,
+        8: _add_run_others_cores,
     },
     error=WisdomError,
 )
@@ -290,7 +297,8 @@ class WisdomDB:
             cursor = self._conn.execute(
                 "INSERT INTO runs (machine, engine, model, config_key, config, rigor, outcome, "
                 "prefill_tps, decode_tps, ttft_s, memory, predicted, error, created_at, "
-                "repeat_spread, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "repeat_spread, seconds, others_cores) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 _run_row(stamped),
             )
         return replace(stamped, id=cursor.lastrowid)
@@ -596,8 +604,8 @@ class WisdomDB:
                     added["runs"] += self._conn.execute(
                         "INSERT OR IGNORE INTO runs (machine, engine, model, config_key, config, "
                         "rigor, outcome, prefill_tps, decode_tps, ttft_s, memory, predicted, "
-                        "error, created_at, repeat_spread, seconds) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "error, created_at, repeat_spread, seconds, others_cores) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         row,
                     ).rowcount
                 defaults = [{**item, "run_id": None} for item in document.get("defaults", [])]
@@ -692,6 +700,7 @@ def _run_row(run: RunRecord) -> tuple[Any, ...]:
         run.created_at,
         run.repeat_spread,
         run.seconds,
+        run.others_cores,
     )
 
 
@@ -711,6 +720,7 @@ def _run_from_row(row: sqlite3.Row) -> RunRecord:
         id=row["id"],
         repeat_spread=row["repeat_spread"],
         seconds=row["seconds"],
+        others_cores=row["others_cores"],
     )
 
 

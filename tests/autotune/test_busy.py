@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,15 +23,18 @@ from hearthside.autotune.busy import (
     busy_from_others,
     busy_from_runs,
     busy_text,
+    disturbed,
     repeats_disagree,
     unsteady_calibration,
 )
 from hearthside.autotune.calibration import latest_report
 from hearthside.autotune.fingerprint import TuningKey
 from hearthside.autotune.optimize import MeasureRequest, apply_tuning
-from hearthside.autotune.records import RunRecord
-from hearthside.autotune.tuner import save_tuned_defaults
+from hearthside.autotune.records import RunRecord, config_key
+from hearthside.autotune.tuner import save_tuned_defaults, tune
 from hearthside.autotune.wisdom import WisdomDB
+from hearthside.core.engine.config import EngineConfig
+from hearthside.core.engine.worker_engine import WorkerEngine
 from hearthside.core.errors import HearthsideError
 from hearthside.core.probe.runner import probe_hardware
 from hearthside.kernels.measurement import spread_of
@@ -110,11 +114,32 @@ def test_other_programs_are_busy_beyond_half_a_core_on_average() -> None:
     )
 
 
+def test_a_burst_beside_the_defaults_run_alone_marks_the_tuning_busy() -> None:
+    """Steady repeats, but other programs took 1.2 cores while llama.cpp's defaults were
+    measured: the whole tuning's average may hide it, that run's own count does not."""
+    pick = run_of(STEADY_1_THREAD, 1)
+    defaults = replace(run_of(STEADY_1_THREAD, 1, flash_attn=True), others_cores=1.2)
+    assert not repeats_disagree(defaults) and disturbed(defaults)
+    assert not disturbed(replace(pick, others_cores=OTHERS_BUSY_CORES))
+    why = busy_from_runs([defaults, pick], pick, defaults)
+    assert why == "other programs kept up to 1.2 cores busy while 1 of 2 settings were measured"
+    # a burst beside one setting that decides nothing is not a verdict either
+    others = [
+        replace(run_of(STEADY_1_THREAD, 1, n_ubatch=size), others_cores=busy)
+        for size, busy in ((128, 0.9), (256, 0.0))
+    ]
+    assert busy_from_runs([replace(defaults, others_cores=0.0), pick, *others], pick, None) is None
+
+
 def test_a_disturbed_run_is_kept_with_its_spread_and_never_applied(tmp_path: Path) -> None:
     with WisdomDB(tmp_path / "wisdom.db") as wisdom:
         stored = wisdom.record_run(run_of(DISTURBED_2_THREADS, 2))
         found = wisdom.lookup(KEY, stored.config, "quick")
+        burst = wisdom.record_run(replace(run_of(STEADY_1_THREAD, 1), others_cores=1.4))
+        found_burst = wisdom.lookup(KEY, burst.config, "quick")
     assert found is not None and repeats_disagree(found)  # the tuner measures it again
+    assert found_burst is not None and found_burst.others_cores == 1.4
+    assert disturbed(found_burst)  # and this one too
 
 
 @pytest.fixture
@@ -167,3 +192,55 @@ def test_a_calibration_and_tune_beside_busy_programs_say_so_and_store_no_default
     assert "Nothing was stored as a default. Other programs were busy" in text
     assert "now this model's default" not in text
     assert result_as_dict(result)["busy"] == result.busy
+
+
+@pytest.mark.slow  # a real tune (~8 s)
+def test_other_programs_busy_while_one_setting_is_measured_mark_that_run_and_the_tuning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Busy loops run only while the first setting (llama.cpp's defaults) is measured: that
+    run counts the cores they took, the others do not, the tuning says so and stores no
+    default, and the next tuning measures that setting again instead of reusing it."""
+    monkeypatch.setattr(tuner, "candidates", lambda base, _profile: [base])
+    model = write_synthetic_gguf(tmp_path / "tiny.gguf", "tiny-dense", "Q8_0")
+    loaded: list[dict[str, object]] = []
+    loops: list[int] = []
+
+    def load(config: EngineConfig) -> WorkerEngine:
+        for pid in loops:  # the burst ends when the next setting loads
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not loaded:
+            loops.extend(start_other_program(BUSY_LOOP) for _ in range(COMPETITORS))
+        loaded.append(config.to_dict())
+        return WorkerEngine(config)
+
+    profile = probe_hardware()
+    try:
+        with WisdomDB(tmp_path / "wisdom.db") as wisdom:
+            result = tune(model, profile, budget_s=120, wisdom=wisdom, speculation=False, load=load)
+            assert result.baseline is not None and result.best is not None
+            assert config_key(loaded[0]) == result.baseline.config_key
+            measured = [run for run in result.runs if run.outcome == "ok"]
+            beside = [run for run in measured if disturbed(run)]
+            assert [run.config_key for run in beside] == [result.baseline.config_key]
+            assert (result.baseline.others_cores or 0.0) > 1.0, result.baseline.others_cores
+            rest = [run for run in measured if run.config_key != result.baseline.config_key]
+            assert rest and all((run.others_cores or 0.0) < OTHERS_BUSY_CORES for run in rest)
+            assert result.busy is not None and "while 1 of" in result.busy, result.busy
+            assert wisdom.default_for(result.key) is None
+            events: list[tuner.TuneEvent] = []
+            tune(
+                model,
+                profile,
+                budget_s=120,
+                wisdom=wisdom,
+                speculation=False,
+                listener=events.append,
+            )
+        again = [e.kind for e in events if config_key(e.config) == result.baseline.config_key]
+        assert "reused" not in again and "measured" in again, again
+    finally:
+        for pid in loops:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

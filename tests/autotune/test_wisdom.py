@@ -269,6 +269,7 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     conn.execute("DROP TABLE quality")  # schema 5's
     conn.execute("ALTER TABLE runs DROP COLUMN repeat_spread")  # schema 7's
     conn.execute("ALTER TABLE runs DROP COLUMN seconds")  # schema 8's
+    conn.execute("ALTER TABLE runs DROP COLUMN others_cores")  # schema 9's
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()
