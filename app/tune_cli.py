@@ -131,7 +131,8 @@ def _event_text(event: TuneEvent) -> str:
     if event.variant:
         what = f"{event.variant} (variant), {what}"
     measured = f" → {event.decode_tps:.1f} tok/s" if event.decode_tps else ""
-    return f"[{event.index}/{event.total}] {event.kind}: {what}{measured}"
+    note = f" ({event.message})" if event.kind == "measured" and event.message else ""
+    return f"[{event.index}/{event.total}] {event.kind}: {what}{measured}{note}"
 
 
 def result_as_dict(result: TuneResult) -> dict[str, object]:

@@ -58,6 +58,17 @@ def disturbed(run: RunRecord) -> bool:
     return repeats_disagree(run) or others_were_busy(run)
 
 
+def disturbed_note(run: RunRecord) -> str:
+    """What a person reads beside one setting measured beside busy programs; "" otherwise."""
+    if others_were_busy(run):
+        why = f"other programs kept {run.others_cores or 0.0:.1f} cores busy meanwhile"
+    elif repeats_disagree(run):
+        why = f"its repetitions disagreed by {run.repeat_spread or 0.0:.0%}"
+    else:
+        return ""
+    return f"{why}: this speed may read low, and the next tuning measures it again"
+
+
 def busy_from_runs(
     runs: Sequence[RunRecord], pick: RunRecord | None, baseline: RunRecord | None
 ) -> str | None:

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import psutil
 
-from hearthside.autotune.busy import busy_from_runs, disturbed
+from hearthside.autotune.busy import busy_from_runs, disturbed, disturbed_note
 from hearthside.autotune.calibration import calibration_for
 from hearthside.autotune.capacity import CapacityAudit, audit_context_within
 from hearthside.autotune.family_quality import kv_priors
@@ -1448,6 +1448,7 @@ def _try(
                 predicted,
                 run.decode_tps,
                 run.prefill_tps,
+                disturbed_note(run),
                 memory_bytes=run.allocated_bytes,
             )
         )

@@ -677,6 +677,7 @@ class MeasurePage(QWizardPage):
         self.failed_error: BaseException | None = None
         self.total = 0
         self.done_count = 0
+        self.disturbed_count = 0  # measured while other programs were busy
         self.error.hide()
         self.progress.setRange(0, 0)
         self.stop_button.setEnabled(True)
@@ -749,6 +750,8 @@ class MeasurePage(QWizardPage):
             self.status.setText(f"Measuring {first}, {second} ({event.index} of {event.total})…")
         elif event.kind != "unmeasured":
             self.done_count += 1
+        if event.kind == "measured" and event.message:  # measured beside busy programs
+            self.disturbed_count += 1
         self._tick()
 
     def _tick(self) -> None:
@@ -762,6 +765,11 @@ class MeasurePage(QWizardPage):
         text = (
             f"{self.done_count} of {self.total} candidates · {elapsed:.0f} s of about {wait:.0f} s"
         )
+        if self.disturbed_count:
+            text += (
+                f" · {self.disturbed_count} measured while other programs were busy: "
+                "they may read low"
+            )
         if elapsed > wait and not self.stopping:
             text += " · time is up: finishing the candidate, then checking the winner's context"
         self.detail.setText(text)

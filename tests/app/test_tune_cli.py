@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from hearthside.app.cli import main
+from hearthside.app.tune_cli import _event_text
 from hearthside.autotune import tuner
+from hearthside.autotune.tuner import TuneEvent
 from hearthside.autotune.wisdom import WisdomDB
 from hearthside.core.engine.config import CHAT_CONTEXT
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
@@ -53,3 +55,12 @@ def test_tuning_a_model_file_prints_and_stores_the_winner(
     assert "<- chosen" in text and "llama-cpp-python defaults" in text
     assert "llama.cpp defaults" in text and "KLD" in text
     assert "Speculative decoding, measured per kind of prompt:" in text
+
+
+def test_the_progress_line_says_when_a_setting_was_measured_beside_busy_programs() -> None:
+    config = {"n_threads": 2, "flash_attn": True, "n_ubatch": 512, "type_k": "f16"}
+    note = "other programs kept 1.2 cores busy meanwhile: this speed may read low"
+    busy = _event_text(TuneEvent("measured", 1, 4, config, 40.0, 21.0, 300.0, note))
+    assert busy == f"[1/4] measured: 2 threads, flash on, ubatch 512, KV f16 → 21.0 tok/s ({note})"
+    quiet = _event_text(TuneEvent("measured", 2, 4, config, 40.0, 21.0, 300.0))
+    assert quiet.endswith("→ 21.0 tok/s")

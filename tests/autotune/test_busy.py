@@ -24,6 +24,7 @@ from hearthside.autotune.busy import (
     busy_from_runs,
     busy_text,
     disturbed,
+    disturbed_note,
     repeats_disagree,
     unsteady_calibration,
 )
@@ -129,6 +130,14 @@ def test_a_burst_beside_the_defaults_run_alone_marks_the_tuning_busy() -> None:
         for size, busy in ((128, 0.9), (256, 0.0))
     ]
     assert busy_from_runs([replace(defaults, others_cores=0.0), pick, *others], pick, None) is None
+    assert disturbed_note(defaults) == (
+        "other programs kept 1.2 cores busy meanwhile: this speed may read low, and the next "
+        "tuning measures it again"
+    )
+    assert disturbed_note(run_of(DISTURBED_2_THREADS, 2)).startswith(
+        "its repetitions disagreed by "
+    )
+    assert disturbed_note(pick) == ""
 
 
 def test_a_disturbed_run_is_kept_with_its_spread_and_never_applied(tmp_path: Path) -> None:
@@ -218,7 +227,16 @@ def test_other_programs_busy_while_one_setting_is_measured_mark_that_run_and_the
     profile = probe_hardware()
     try:
         with WisdomDB(tmp_path / "wisdom.db") as wisdom:
-            result = tune(model, profile, budget_s=120, wisdom=wisdom, speculation=False, load=load)
+            first: list[tuner.TuneEvent] = []
+            result = tune(
+                model,
+                profile,
+                budget_s=120,
+                wisdom=wisdom,
+                speculation=False,
+                load=load,
+                listener=first.append,
+            )
             assert result.baseline is not None and result.best is not None
             assert config_key(loaded[0]) == result.baseline.config_key
             measured = [run for run in result.runs if run.outcome == "ok"]
@@ -228,6 +246,11 @@ def test_other_programs_busy_while_one_setting_is_measured_mark_that_run_and_the
             rest = [run for run in measured if run.config_key != result.baseline.config_key]
             assert rest and all((run.others_cores or 0.0) < OTHERS_BUSY_CORES for run in rest)
             assert result.busy is not None and "while 1 of" in result.busy, result.busy
+            notes = {
+                config_key(e.config): e.message for e in first if e.kind == "measured"
+            }  # said beside that setting as it was measured, and beside no other
+            assert notes.pop(result.baseline.config_key).startswith("other programs kept")
+            assert notes and not any(notes.values()), notes
             assert wisdom.default_for(result.key) is None
             events: list[tuner.TuneEvent] = []
             tune(

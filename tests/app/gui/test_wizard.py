@@ -41,6 +41,7 @@ from hearthside.autotune.goals import RunQuality
 from hearthside.autotune.optimize import (
     SAME_SPEED_BAND,
     AppliedTuning,
+    MeasureUpdate,
     ModelChoice,
     machine_context,
 )
@@ -577,3 +578,22 @@ def test_the_goal_page_says_the_whole_wait_and_a_budget_too_short_for_the_best_s
 
     select(wizard, installed=False)
     assert wait.text().startswith("A plan only, nothing is measured")
+
+
+def test_a_setting_measured_beside_busy_programs_is_said_while_measuring(
+    qtbot: QtBot, service: EngineService, profile: HardwareProfile
+) -> None:
+    """The tuner's note on a run that other programs disturbed reaches the measuring page:
+    its count under the progress bar and the note in the chart's description of that bar."""
+    wizard = OptimizeWizard(service, profile)
+    qtbot.addWidget(wizard)
+    page = wizard.measure_page
+    config = {"n_threads": 2, "flash_attn": True, "n_ubatch": 512, "type_k": "f16"}
+    note = "other programs kept 1.2 cores busy meanwhile: this speed may read low"
+    for index, message in ((1, note), (2, "")):
+        event = TuneEvent("measured", index, 3, config, 40.0, 21.0, 300.0, message)
+        page.show_update(MeasureUpdate("candidate", event=event))
+    assert "2 of 3 candidates" in page.detail.text()
+    assert "1 measured while other programs were busy: they may read low" in page.detail.text()
+    first, second = page.chart.accessibleDescription().split(". ")[:2]
+    assert note in first and "busy" not in second
