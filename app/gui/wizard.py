@@ -677,7 +677,7 @@ class MeasurePage(QWizardPage):
         self.failed_error: BaseException | None = None
         self.total = 0
         self.done_count = 0
-        self.disturbed_count = 0  # measured while other programs were busy
+        self.disturbed_count = 0  # measured beside busy programs or with repeats that disagreed
         self.error.hide()
         self.progress.setRange(0, 0)
         self.stop_button.setEnabled(True)
@@ -750,7 +750,7 @@ class MeasurePage(QWizardPage):
             self.status.setText(f"Measuring {first}, {second} ({event.index} of {event.total})…")
         elif event.kind != "unmeasured":
             self.done_count += 1
-        if event.kind == "measured" and event.message:  # measured beside busy programs
+        if event.kind == "measured" and event.message:  # a disturbed run's note
             self.disturbed_count += 1
         self._tick()
 
@@ -767,8 +767,8 @@ class MeasurePage(QWizardPage):
         )
         if self.disturbed_count:
             text += (
-                f" · {self.disturbed_count} measured while other programs were busy: "
-                "they may read low"
+                f" · {self.disturbed_count} measured unsteadily (other programs busy, or "
+                "repeats that disagreed): they may read low; point at a bar for why"
             )
         if elapsed > wait and not self.stopping:
             text += " · time is up: finishing the candidate, then checking the winner's context"
