@@ -8,8 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QTimer
-from PySide6.QtTest import QTest
+from PySide6.QtCore import QEventLoop, QTimer
 
 from hearthside.app.gui.chat_settings_dialog import ChatSettings
 from hearthside.app.gui.main_window import MainWindow
@@ -19,6 +18,7 @@ from hearthside.core.engine.service import EngineService
 
 TEST_CONTEXT_TOKENS = 2048
 LOAD_TIMEOUT_S = 120.0
+POLL_MS = 20
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -27,7 +27,16 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> No
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        QTest.qWait(20)
+        run_event_loop(POLL_MS)
+
+
+def run_event_loop(ms: int) -> None:
+    """Run Qt's event loop for `ms`. Not `QTest.qWait`: PySide6 holds the GIL through it, so
+    the app's own Python threads (installing the default model, preparing a load) starved
+    beside it (a sha256 of 300 MB on a thread took 6.1 s instead of 0.18 s)."""
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
 
 
 @contextmanager
