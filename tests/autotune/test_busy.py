@@ -203,7 +203,8 @@ def test_a_calibration_and_tune_beside_busy_programs_say_so_and_store_no_default
     assert result_as_dict(result)["busy"] == result.busy
 
 
-@pytest.mark.slow  # a real tune (~8 s)
+@pytest.mark.slow  # a real tune (~5 s)
+@pytest.mark.usefixtures("repeat_noise_ignored")  # other programs' count alone, not the repeats
 def test_other_programs_busy_while_one_setting_is_measured_mark_that_run_and_the_tuning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
