@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from hearthside.app.cli import COMMANDS, build_parser
 
 CLI = [sys.executable, "-m", "hearthside.app.cli"]
 
@@ -157,3 +160,34 @@ def test_bad_arguments_exit_with_usage(argv: list[str]) -> None:
     result = run_cli(*argv)
     assert result.returncode == 2
     assert "usage:" in result.stderr
+
+
+def test_every_command_is_listed_and_each_parses_alone() -> None:
+    """`hearthside models list` builds the parser of `models` alone; each command's entry must
+    name what its module registers, or that command would stop parsing."""
+    full = _command_names(build_parser())
+    assert full == [name for name, _module, _adder in COMMANDS]
+    for name in full:
+        assert _command_names(build_parser(name)) == [name]
+    assert _command_names(build_parser("nonsense")) == full  # so the error lists them all
+
+
+def test_a_light_command_imports_neither_the_engine_nor_the_api_server(tmp_path: Path) -> None:
+    code = (
+        "import sys; from hearthside.app.cli import main; main(['models', 'list', '--json']);"
+        "print(sorted(m for m in ('llama_cpp', 'fastapi', 'torch') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HEARTHSIDE_HOME": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
+def _command_names(parser: argparse.ArgumentParser) -> list[str]:
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(subparsers.choices)
