@@ -16,10 +16,12 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psutil
+
+from hearthside.core.probe.cpu_use import busy_seconds, own_niceness
 
 CHECK_S = 0.5  # how often a decoding reply looks again
 FIRST_LOOK_S = 0.1  # a reply's first look: the kernel counts CPU time in 10 ms ticks
@@ -39,21 +41,6 @@ def cpu_times_now() -> CpuTimes:
     own = psutil.Process().cpu_times()
     busy = busy_seconds(psutil.cpu_times()._asdict(), own_niceness())
     return CpuTimes(time.monotonic(), busy, own.user + own.system)
-
-
-def busy_seconds(values: Mapping[str, float], niceness: int) -> float:
-    """The CPU time that can take a core from us, of the kernel's counters (`values`, as
-    psutil names them): all but idle time, and but programs running at a lower priority
-    (the kernel's "nice" time) while we are not lowered ourselves: the kernel gives a program
-    at nice 10 a tenth of our threads' share, so a niced build or backup makes way at once."""
-    idle = values.get("idle", 0.0) + values.get("iowait", 0.0)
-    guests = values.get("guest", 0.0) + values.get("guest_nice", 0.0)  # counted in user
-    lowered = values.get("nice", 0.0) if niceness <= 0 else 0.0
-    return sum(values.values()) - idle - guests - lowered
-
-
-def own_niceness() -> int:
-    return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
 
 
 def usable_cores() -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import psutil
@@ -60,6 +61,21 @@ def others_cores(before: CpuUse, after: CpuUse) -> float:
         return 0.0
     others = (after.machine_busy_s - before.machine_busy_s) - (after.own_s - before.own_s)
     return max(0.0, others / wall)
+
+
+def busy_seconds(values: Mapping[str, float], niceness: int) -> float:
+    """The CPU time that can take a core from us, of the kernel's counters (`values`, as
+    psutil names them): all but idle time, and but programs running at a lower priority
+    (the kernel's "nice" time) while we are not lowered ourselves: the kernel gives a program
+    at nice 10 a tenth of our threads' share, so a niced build or backup makes way at once."""
+    idle = values.get("idle", 0.0) + values.get("iowait", 0.0)
+    guests = values.get("guest", 0.0) + values.get("guest_nice", 0.0)  # counted in user
+    lowered = values.get("nice", 0.0) if niceness <= 0 else 0.0
+    return sum(values.values()) - idle - guests - lowered
+
+
+def own_niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
 
 
 def _busy_s(times: object) -> float:

@@ -18,11 +18,11 @@ from hearthside.core.engine.thread_governor import (
     FIRST_LOOK_S,
     CpuTimes,
     ThreadGovernor,
-    busy_seconds,
     others_busy_cores,
     threads_left,
     usable_cores,
 )
+from hearthside.core.probe.cpu_use import busy_seconds
 
 BUSY_LOOP = "while True: pass"
 
