@@ -114,6 +114,7 @@ def test_a_reply_beside_busy_programs_decodes_with_the_cores_they_leave(engine: 
     assert engine.threads.current == (cores, cores)  # a quiet machine: all of them
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(cores - 1)]
     try:
+        time.sleep(0.3)  # looping before the reply's first look (it failed once without)
         reply(engine)
         assert engine.threads.current == (1, 1)
     finally:
