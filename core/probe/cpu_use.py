@@ -5,10 +5,9 @@ short engine probes varied by 25-72%, while two busy loops that take the cores s
 every measurement slow but steady. So Hearthside counts instead: the CPU time the machine
 spent busy (on the CPUs this process may run on; steal, time the hypervisor gave to the
 VM's neighbours, included) minus what this process and its descendants used (the engine
-workers), over the wall time between two snapshots. Programs at a lower priority than ours
-(the kernel's "nice" time) are left out, as the thread governor leaves them out: they make
-way for our threads at once (native llama-bench, SmolLM2 Q4_1, 2 threads beside two
-`nice -n 19` busy loops decoded at 97.8 tok/s, 0.94x quiet; beside one un-niced loop, 4.3).
+workers), over the wall time between two snapshots. Programs at the lowest priorities
+(`MAKES_WAY_NICENESS`: a `nice -n 19` backup or build) are left out too: they make way for
+our threads at once. A plain `nice` (10) does not, so it counts.
 
 A descendant that is re-parented away (orphaned) before it is reaped counts as another
 program; Hearthside reaps its engine workers.
@@ -19,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -27,6 +26,13 @@ import psutil
 # llama.cpp's threads meet at a barrier after every matrix, so half a core taken slows a run
 # on every core. Measured (2-core Zen 4 VM): idle 0.007, one busy loop elsewhere 1.009.
 OTHERS_BUSY_CORES = 0.5
+# Programs at this niceness or above give our threads their cores at once: native llama-bench,
+# SmolLM2 Q4_1, 2 threads on the 2-core Zen 4 VM beside two busy loops decoded at 0.98-1.0x
+# quiet at nice 19, 0.95x at 15, 0.82x at 10 (plain `nice`), 0.55x at 5 and 0.20x at 0.
+MAKES_WAY_NICENESS = 15
+# fields of psutil.cpu_times() that are not work: idle, waiting on disks, and guest time
+# (already counted in user time on Linux)
+NOT_BUSY_FIELDS = frozenset({"idle", "iowait", "guest", "guest_nice"})
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,9 @@ class CpuUse:
     own_s: float
     at_s: float
     cores: int
+    # CPU seconds of each other program that makes way (`MAKES_WAY_NICENESS`), by process id
+    # and start time (a reused id is another program)
+    making_way_s: Mapping[tuple[int, float], float] = field(default_factory=dict)
 
 
 def cpu_use_now() -> CpuUse:
@@ -45,12 +54,13 @@ def cpu_use_now() -> CpuUse:
     cpus = _allowed_cpus()
     per_cpu = psutil.cpu_times(percpu=True)
     chosen = [per_cpu[i] for i in cpus if i < len(per_cpu)] if cpus else per_cpu
-    niceness = own_niceness()
+    own = _own_tree()
     return CpuUse(
-        sum(busy_seconds(times._asdict(), niceness) for times in chosen),
-        _own_tree_s(),
+        sum(_busy_s(times) for times in chosen),
+        sum(_tree_s(process) for process in own),
         time.monotonic(),
         len(chosen),
+        _making_way_s({process.pid for process in own}),
     )
 
 
@@ -61,14 +71,19 @@ def others_cores(before: CpuUse, after: CpuUse) -> float:
     if wall <= 0:
         return 0.0
     others = (after.machine_busy_s - before.machine_busy_s) - (after.own_s - before.own_s)
-    return max(0.0, others / wall)
+    made_way = sum(
+        seconds - before.making_way_s.get(program, 0.0)  # started since: all of it
+        for program, seconds in after.making_way_s.items()
+    )
+    return max(0.0, (others - made_way) / wall)
 
 
 def busy_seconds(values: Mapping[str, float], niceness: int) -> float:
-    """The CPU time that can take a core from us, of the kernel's counters (`values`, as
-    psutil names them): all but idle time, and but programs running at a lower priority
-    (the kernel's "nice" time) while we are not lowered ourselves: the kernel gives a program
-    at nice 10 a tenth of our threads' share, so a niced build or backup makes way at once."""
+    """The CPU time that can take a core from our threads (the thread governor's count), of
+    the kernel's counters (`values`, as psutil names them): all but idle time, and but
+    programs running at a lower priority (the kernel's "nice" time) while we are not lowered
+    ourselves: our threads keep their cores beside a niced build (2 threads beside two loops
+    at plain `nice`, 10, decoded at 0.82x quiet; 1 thread alone decodes at about 0.6x)."""
     idle = values.get("idle", 0.0) + values.get("iowait", 0.0)
     guests = values.get("guest", 0.0) + values.get("guest_nice", 0.0)  # counted in user
     lowered = values.get("nice", 0.0) if niceness <= 0 else 0.0
@@ -87,14 +102,36 @@ def _allowed_cpus() -> list[int]:
         return []
 
 
-def _own_tree_s() -> float:
-    """CPU seconds used by this process, its live descendants and the ones already reaped."""
+def _own_tree() -> list[psutil.Process]:
+    """This process and its live descendants (the engine workers)."""
     me = psutil.Process()
-    total = 0.0
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            times = process.cpu_times()
-        except psutil.Error:  # ended between the listing and the reading
+    try:
+        return [me, *me.children(recursive=True)]
+    except psutil.Error:
+        return [me]
+
+
+def _tree_s(process: psutil.Process) -> float:
+    """CPU seconds used by `process` and its children already reaped (0 once it ended)."""
+    try:
+        times = process.cpu_times()
+    except psutil.Error:  # ended between the listing and the reading
+        return 0.0
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def _making_way_s(own: set[int]) -> dict[tuple[int, float], float]:
+    """CPU seconds of each program (not ours) at `MAKES_WAY_NICENESS` or above."""
+    found: dict[tuple[int, float], float] = {}
+    for process in psutil.process_iter(["nice", "cpu_times", "create_time"]):
+        info = process.info
+        nice, times = info.get("nice"), info.get("cpu_times")
+        if process.pid in own or nice is None or times is None or nice < MAKES_WAY_NICENESS:
             continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
+        found[(process.pid, info.get("create_time") or 0.0)] = times.user + times.system
+    return found
+
+
+def _busy_s(times: object) -> float:
+    fields = getattr(times, "_fields", ())
+    return sum(getattr(times, name) for name in fields if name not in NOT_BUSY_FIELDS)

@@ -30,6 +30,13 @@ def test_the_counters_give_cores_used_per_second() -> None:
     assert others_cores(before, CpuUse(101.0, 43.0, 12.0, 2)) == 0.0  # ticks apart: never < 0
 
 
+def test_programs_that_make_way_are_not_counted() -> None:
+    before = CpuUse(100.0, 40.0, 10.0, 2, {(7, 1.0): 5.0, (8, 1.0): 2.0})
+    # 7 used 2 s more, 9 started since (1 s), 8 ended (its last 0.5 s cannot be told apart)
+    after = CpuUse(106.0, 42.0, 14.0, 2, {(7, 1.0): 7.0, (9, 12.0): 1.0})
+    assert others_cores(before, after) == 0.25  # (6 - 2 - 3) s over 4 s
+
+
 def test_a_loop_in_another_program_counts_and_one_in_a_worker_of_ours_does_not() -> None:
     worker = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])  # as an engine worker is
     try:
@@ -39,12 +46,15 @@ def test_a_loop_in_another_program_counts_and_one_in_a_worker_of_ours_does_not()
         worker.kill()
         worker.wait()
     theirs = others_beside(BUSY_LOOP)
-    niced = others_beside(BUSY_LOOP, niceness=19)
+    lowest = others_beside(BUSY_LOOP, niceness=19)
+    plain_nice = others_beside(BUSY_LOOP, niceness=10)
     # one loop keeps one core busy; the machine's own background stays far below half a core
     assert ours < 0.3, ours
     assert theirs > 0.7, theirs
-    # a niced one (a build, a backup) makes way for our threads at once: it disturbs nothing
-    assert niced < 0.3, niced
+    # one at the lowest priority (a `nice -n 19` backup) makes way for our threads at once;
+    # one at plain `nice`'s 10 still slows them (0.82x), so it counts
+    assert lowest < 0.3, lowest
+    assert plain_nice > 0.7, plain_nice
 
 
 def others_beside(code: str, niceness: int = 0) -> float:
