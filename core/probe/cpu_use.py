@@ -7,7 +7,9 @@ spent busy (on the CPUs this process may run on; steal, time the hypervisor gave
 VM's neighbours, included) minus what this process and its descendants used (the engine
 workers), over the wall time between two snapshots. Programs at the lowest priorities
 (`MAKES_WAY_NICENESS`: a `nice -n 19` backup or build) are left out too: they make way for
-our threads at once. A plain `nice` (10) does not, so it counts.
+our threads at once. They are counted as the kernel's "nice" time (every lowered program,
+ended ones included) less the live programs lowered only a little (a plain `nice`, 10, does
+not make way, so it counts); one of those that ends between the two moments is missed.
 
 A descendant that is re-parented away (orphaned) before it is reaped counts as another
 program; Hearthside reaps its engine workers.
@@ -44,9 +46,13 @@ class CpuUse:
     own_s: float
     at_s: float
     cores: int
-    # CPU seconds of each other program that makes way (`MAKES_WAY_NICENESS`), by process id
-    # and start time (a reused id is another program)
-    making_way_s: Mapping[tuple[int, float], float] = field(default_factory=dict)
+    # the kernel's "nice" time: every program at a lower priority than the default, ended
+    # ones included (a lowered lane of short-lived processes, say)
+    lowered_s: float = 0.0
+    # of those, the live ones that do not make way (niceness 1 to `MAKES_WAY_NICENESS` - 1),
+    # CPU seconds by process id and start time (a reused id is another program)
+    mildly_lowered_s: Mapping[tuple[int, float], float] = field(default_factory=dict)
+    niced: bool = False  # this process itself runs lowered: then nobody makes way for it
 
 
 def cpu_use_now() -> CpuUse:
@@ -60,7 +66,9 @@ def cpu_use_now() -> CpuUse:
         sum(_tree_s(process) for process in own),
         time.monotonic(),
         len(chosen),
-        _making_way_s({process.pid for process in own}),
+        sum(getattr(times, "nice", 0.0) for times in chosen),
+        _mildly_lowered_s({process.pid for process in own}),
+        own_niceness() > 0,
     )
 
 
@@ -71,11 +79,14 @@ def others_cores(before: CpuUse, after: CpuUse) -> float:
     if wall <= 0:
         return 0.0
     others = (after.machine_busy_s - before.machine_busy_s) - (after.own_s - before.own_s)
-    made_way = sum(
-        seconds - before.making_way_s.get(program, 0.0)  # started since: all of it
-        for program, seconds in after.making_way_s.items()
-    )
-    return max(0.0, (others - made_way) / wall)
+    if not after.niced:
+        lowered = after.lowered_s - before.lowered_s
+        mildly = sum(
+            seconds - before.mildly_lowered_s.get(program, 0.0)  # started since: all of it
+            for program, seconds in after.mildly_lowered_s.items()
+        )
+        others -= max(0.0, lowered - mildly)  # what the programs that make way used
+    return max(0.0, others / wall)
 
 
 def busy_seconds(values: Mapping[str, float], niceness: int) -> float:
@@ -120,13 +131,14 @@ def _tree_s(process: psutil.Process) -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
-def _making_way_s(own: set[int]) -> dict[tuple[int, float], float]:
-    """CPU seconds of each program (not ours) at `MAKES_WAY_NICENESS` or above."""
+def _mildly_lowered_s(own: set[int]) -> dict[tuple[int, float], float]:
+    """CPU seconds of each live program (not ours) at niceness 1 to `MAKES_WAY_NICENESS` - 1:
+    lowered, but not so far that it leaves our threads their cores."""
     found: dict[tuple[int, float], float] = {}
     for process in psutil.process_iter(["nice", "cpu_times", "create_time"]):
         info = process.info
         nice, times = info.get("nice"), info.get("cpu_times")
-        if process.pid in own or nice is None or times is None or nice < MAKES_WAY_NICENESS:
+        if process.pid in own or times is None or not 0 < (nice or 0) < MAKES_WAY_NICENESS:
             continue
         found[(process.pid, info.get("create_time") or 0.0)] = times.user + times.system
     return found
