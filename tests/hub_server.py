@@ -87,7 +87,8 @@ class HubState:
     released: threading.Event = field(default_factory=threading.Event)  # ends the stall
     token: str | None = None  # the access token gated repos accept
     lock: threading.Lock = field(default_factory=threading.Lock)
-    _log: list[RequestRecord] = field(default_factory=list)
+    _log: list[tuple[int, RequestRecord]] = field(default_factory=list)  # by arrival
+    _arrived: int = 0
     _in_flight: int = 0
     _settled: threading.Condition = field(default_factory=threading.Condition)
 
@@ -98,22 +99,26 @@ class HubState:
 
     @property
     def requests(self) -> list[RequestRecord]:
-        """Every request so far, once the server has finished logging them (a client can read
-        a whole response before the handler that sent it has logged it)."""
+        """Every request so far in the order they arrived, once the server has finished
+        logging them (a client can read a whole response, and send its next request, before
+        the handler that sent it has logged it)."""
         with self._settled:
             self._settled.wait_for(lambda: self._in_flight == 0, timeout=10)
-            return list(self._log)
+            return [record for _arrival, record in sorted(self._log, key=lambda e: e[0])]
 
     def file_requests(self) -> list[RequestRecord]:
         return [record for record in self.requests if record.path.startswith("/cdn/")]
 
-    def started(self) -> None:
+    def started(self) -> int:
+        """The request's place in the order of arrival."""
         with self._settled:
             self._in_flight += 1
+            self._arrived += 1
+            return self._arrived
 
-    def finished(self, record: RequestRecord) -> None:
+    def finished(self, arrival: int, record: RequestRecord) -> None:
         with self._settled:
-            self._log.append(record)
+            self._log.append((arrival, record))
             self._in_flight -= 1
             self._settled.notify_all()
 
@@ -130,12 +135,13 @@ class _Handler(BaseHTTPRequestHandler):
         path = urllib.parse.unquote(url.path)
         query = urllib.parse.parse_qs(url.query)
         state = self.server.state
-        state.started()
+        arrival = state.started()
         status, sent = 500, 0
         try:
             status, sent = self._route(path, query)
         finally:
             state.finished(
+                arrival,
                 RequestRecord(
                     path=path,
                     query=query,
@@ -143,7 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
                     authorization=self.headers.get("Authorization"),
                     status=status,
                     body_bytes=sent,
-                )
+                ),
             )
 
     # -- routes --
