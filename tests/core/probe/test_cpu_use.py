@@ -14,7 +14,7 @@ from dataclasses import replace
 from hearthside.core.probe.cpu_use import CpuUse, cpu_use_now, others_cores
 from tests.fixtures.other_programs import BUSY_LOOP, start_other_program
 
-WINDOW_S = 2.0
+WINDOW_S = 1.0
 # busy programs that each end within a moment, one after the other (a lowered test lane)
 SHORT_LIVED_LOOP = (
     "import subprocess, sys, time\n"
