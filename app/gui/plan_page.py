@@ -223,7 +223,6 @@ class PlanPage(QWidget):
         self._replan_timer.setSingleShot(True)
         self._replan_timer.setInterval(REPLAN_DELAY_MS)
         self._replan_timer.timeout.connect(self.request_plan)
-        self.setStyleSheet(STYLE)
         self._build()
         self.reload_models()
 
@@ -786,8 +785,17 @@ class PlanPage(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(20, 16, 20, 16)
         layout.setSpacing(12)
+        # The style sheet goes on the body and the header's labels, never on an ancestor of
+        # the spinner: a busy bar animated by a page's style-sheet style crashed Qt (in
+        # QCommonStylePrivate::removeAnimation) when the page was deleted before the
+        # animation's own deferred deletion, 1 in 6-9 runs of tests/app/gui/test_plan_page.py.
+        self.body = QWidget()
         layout.addLayout(self._build_header())
-        layout.addLayout(self._build_choices())
+        body = QVBoxLayout(self.body)
+        body.setContentsMargins(0, 0, 0, 0)
+        body.setSpacing(12)
+        layout.addWidget(self.body, 1)
+        body.addLayout(self._build_choices())
         self.error_box = QFrame()
         self.error_box.setObjectName("errorBox")
         error_row = QHBoxLayout(self.error_box)
@@ -795,7 +803,7 @@ class PlanPage(QWidget):
         self.error_label = _label()
         error_row.addWidget(self.error_label)
         self.error_box.hide()
-        layout.addWidget(self.error_box)
+        body.addWidget(self.error_box)
         self.scroll_area = self._scroll(self._build_content())
         self.recipe_view = RecipeView()
         self.recipe_view.engine_changed.connect(self._engine_changed)
@@ -804,7 +812,8 @@ class PlanPage(QWidget):
         self.content_stack = QStackedWidget()
         self.content_stack.addWidget(self.scroll_area)
         self.content_stack.addWidget(self.recipe_scroll)
-        layout.addWidget(self.content_stack, 1)
+        body.addWidget(self.content_stack, 1)
+        self._apply_style()
 
     @staticmethod
     def _scroll(content: QWidget) -> QScrollArea:
@@ -818,11 +827,13 @@ class PlanPage(QWidget):
         header = QHBoxLayout()
         titles = QVBoxLayout()
         titles.setSpacing(2)
-        titles.addWidget(_label("Plan", "pageTitle"))
+        title = _label("Plan", "pageTitle")
+        titles.addWidget(title)
         self.subtitle = _label(LOCAL_SUBTITLE, "muted")
         titles.addWidget(self.subtitle)
         header.addLayout(titles, 1)
         self.status = _label("", "muted", wrap=False)
+        self._styled = [self.body, title, self.subtitle, self.status]
         self.spinner = QProgressBar()
         self.spinner.setRange(0, 0)
         self.spinner.setFixedWidth(120)
@@ -1069,4 +1080,8 @@ class PlanPage(QWidget):
         """Colours follow the palette; re-applying the style sheet refreshes its `palette(...)`
         references (the verdict chips and advice keep their own light background and dark text
         in both themes)."""
-        self.setStyleSheet(STYLE)
+        self._apply_style()
+
+    def _apply_style(self) -> None:
+        for widget in self._styled:
+            widget.setStyleSheet(STYLE)
