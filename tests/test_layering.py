@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.beside
+
 SCRIPT = """
 import importlib, pkgutil, sys
 sys.modules["PySide6"] = None  # any `import PySide6...` now raises ImportError

@@ -16,6 +16,8 @@ import pytest
 
 from hearthside.app.cli import COMMANDS, build_parser
 
+pytestmark = pytest.mark.beside
+
 CLI = [sys.executable, "-m", "hearthside.app.cli"]
 
 

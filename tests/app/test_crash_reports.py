@@ -18,6 +18,8 @@ from hearthside.app.cli_support import EXIT_ERROR, reports_errors
 from hearthside.core.errors import ModelStoreError
 from hearthside.core.logs import CRASH_PREFIX, claim_new_crash_reports, crash_reports, log_file
 
+pytestmark = pytest.mark.beside
+
 CHILD_TIMEOUT_S = 120
 # What every entry point does first (`hearthside.app.cli.main`, `gui_main`), then `ending`.
 CHILD_PROGRAM = """\

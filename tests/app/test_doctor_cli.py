@@ -9,6 +9,8 @@ import pytest
 
 from tests.app.test_crash_reports import run_child, run_cli
 
+pytestmark = pytest.mark.beside
+
 
 @pytest.mark.slow  # a real self-test and a real install of the shipped models
 def test_doctor_shows_the_logs_the_crash_the_engine_and_the_models(

@@ -22,6 +22,8 @@ from hearthside.core.probe.engine_build import (
 from hearthside.core.probe.engine_ladder import read_record
 from tests.core.probe.test_engine_ladder import AMX_CRASH, PASSED
 
+pytestmark = pytest.mark.beside
+
 
 def run_engine(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="hearthside")

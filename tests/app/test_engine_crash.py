@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hearthside.app.engine_crash import after_crash_text, crash_details, window_crash_text
 from hearthside.core.engine.service import EngineNotice
 from hearthside.core.errors import EngineCrashedError
 from hearthside.core.logs import log_file
+
+pytestmark = pytest.mark.beside
 
 CRASH = EngineCrashedError(
     "The engine crashed (SIGILL, an instruction this CPU does not have).",

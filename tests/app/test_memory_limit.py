@@ -21,6 +21,8 @@ import pytest
 
 from tests.cgroup_limit import memory_limited_cgroup
 
+pytestmark = pytest.mark.beside
+
 MIB = 1 << 20
 LIMIT = 600 * MIB
 CLI = [sys.executable, "-m", "hearthside.app.cli"]

@@ -19,6 +19,8 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from tests.gguf_samples import write_tiny_gguf
 
+pytestmark = pytest.mark.beside
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

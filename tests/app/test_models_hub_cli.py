@@ -20,6 +20,8 @@ from hearthside.core.paths import data_dir
 from hearthside.core.units import format_bytes
 from tests.hub_server import HubServer, write_llama_gguf
 
+pytestmark = pytest.mark.beside
+
 GEMMA_REPO = "acme/gemma-3-270m-GGUF"
 GEMMA_FILE = "gemma-3-270m-Q4_K_M.gguf"
 TINY_REPO = "acme/tiny-GGUF"

@@ -18,6 +18,8 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from tests.core.models.malformed_gguf import T, write_small_llama
 
+pytestmark = pytest.mark.beside
+
 HUGE_NAME = "Hostile" + "\x01" * (4 << 20)  # 4 MiB of control characters: 16 MiB escaped
 # A whole printed field, escaped: each kept character becomes at most 6 ("\u202e").
 MAX_FIELD_PRINTED = 6 * MAX_SHOWN_CHARS

@@ -14,6 +14,8 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from tests.fixtures.synthetic_gguf import SyntheticShape, write_synthetic_gguf
 
+pytestmark = pytest.mark.beside
+
 
 def run_models(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="hearthside")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hearthside.app.gui.plan_content import setting_rows
 from hearthside.app.plan_cli import describe_plan
 from hearthside.autotune.calibration import planner_figures
@@ -15,6 +17,8 @@ from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.probe.runner import probe_hardware
 from tests.autotune.test_calibration import recorded_report
 from tests.fixtures.synthetic_gguf import SyntheticShape, write_uniform_gguf
+
+pytestmark = pytest.mark.beside
 
 
 def test_the_plan_page_and_the_cli_name_the_type_an_estimate_came_from(tmp_path: Path) -> None:

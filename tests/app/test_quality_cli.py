@@ -14,6 +14,8 @@ from hearthside.autotune.wisdom import QualityRecord, WisdomDB
 from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 
+pytestmark = pytest.mark.beside
+
 
 @pytest.fixture
 def installed_default(chat_model_file: Path) -> Path:

@@ -16,6 +16,8 @@ from hearthside.app.recipe_cli import NOTHING_FITS, add_recipe_parser
 from hearthside.autotune.serving import check_command, llama_server_options, vllm_options
 from hearthside.core.probe.spec import load_spec
 
+pytestmark = pytest.mark.beside
+
 ASSETS = Path(str(resources.files("hearthside.assets")))
 SPARKS = str(ASSETS / "hardware-example-2x-dgx-spark.json")
 RTX = str(ASSETS / "hardware-example-2x-rtx-3090.json")

@@ -20,6 +20,8 @@ from hearthside.app.terminal_chat import ChatOptions, run_one_prompt
 from hearthside.core.engine.remotes import RemoteRegistry
 from tests.remote_peer import ServerProcess, hearthside_serve, llama_cpp_server
 
+pytestmark = pytest.mark.beside
+
 PEER_KEY = "cli-peer-key-0123456789"
 QUESTION: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "What is the capital of France?"}

@@ -19,6 +19,8 @@ from hearthside.core.engine.service import EngineService
 from hearthside.core.history.store import ConversationStore, StoredMessage
 from hearthside.core.logs import log_file
 
+pytestmark = pytest.mark.beside
+
 STORY = "Tell me a long story about a lighthouse keeper."
 NEXT = "Thank you. Say goodbye."
 

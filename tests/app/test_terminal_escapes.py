@@ -18,6 +18,8 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from tests.gguf_samples import write_tiny_gguf
 
+pytestmark = pytest.mark.beside
+
 HOSTILE_NAME = "Evil\x1b[2J\x1b]0;pwned\x07 a\nfake row\r\u202egnp.exe\x9b"
 STEERING = ("\x1b", "\x07", "\r", "\u202e", "\x9b")
 

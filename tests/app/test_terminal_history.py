@@ -15,6 +15,8 @@ import pytest
 from hearthside.app.gui.chat_session import engine_messages
 from hearthside.core.history.store import ConversationStore
 
+pytestmark = pytest.mark.beside
+
 CLI = [sys.executable, "-m", "hearthside.app.cli"]
 FIRST = "My name is Ada. Please remember it."
 SECOND = "What is my name?"

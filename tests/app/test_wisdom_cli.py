@@ -11,6 +11,8 @@ from hearthside.app.cli import main
 from hearthside.autotune.fingerprint import TuningKey
 from hearthside.autotune.wisdom import RunRecord, WisdomDB
 
+pytestmark = pytest.mark.beside
+
 KEY = TuningKey("machine-a", "engine-1", "model-x")
 
 

@@ -18,6 +18,8 @@ from hearthside.core.models.spec import spec_from_gguf
 from hearthside.core.probe.profile import HardwareProfile, MemoryInfo
 from hearthside.core.probe.spec import expand_spec
 
+pytestmark = pytest.mark.beside
+
 MIB = 1 << 20
 GIB = 1 << 30
 AVX2 = ["avx", "avx2", "fma", "f16c", "sse4_2"]

@@ -10,6 +10,8 @@ from hearthside.autotune.capacity import audit_context
 from hearthside.core.engine.config import EngineConfig
 from hearthside.core.engine.engine import Engine
 
+pytestmark = pytest.mark.beside
+
 
 @pytest.fixture(scope="module")
 def engine(default_model_file: Path) -> Engine:

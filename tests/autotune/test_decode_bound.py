@@ -31,6 +31,8 @@ from tests.sapphire_rapids import (
     sapphire_rapids_calibration,
 )
 
+pytestmark = pytest.mark.beside
+
 GIB = 1 << 30
 
 

@@ -23,6 +23,8 @@ from hearthside.core.probe.profile import HardwareProfile
 from tests.autotune.test_planner import machine
 from tests.gguf_samples import quantize_file
 
+pytestmark = pytest.mark.beside
+
 SHORT_CTX = 128
 SHORT_TEXT_CHARS = 700  # one chunk of 128 SmolLM2 tokens: 63 positions scored
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from hearthside.autotune.fingerprint import (
     engine_fingerprint,
     machine_fingerprint,
@@ -12,6 +14,8 @@ from hearthside.autotune.fingerprint import (
     tuning_key,
 )
 from hearthside.core.probe.spec import load_spec
+
+pytestmark = pytest.mark.beside
 
 SPECS = Path(__file__).parents[1] / "fixtures" / "probe" / "specs"
 

@@ -17,6 +17,8 @@ from hearthside.core.probe.profile import CpuInfo, HardwareProfile, MemoryInfo
 from hearthside.core.probe.runner import probe_hardware
 from tests.fixtures.synthetic_gguf import SHAPES, write_synthetic_gguf
 
+pytestmark = pytest.mark.beside
+
 GIB = 1024**3
 MIB = 1024**2
 

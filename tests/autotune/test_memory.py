@@ -22,6 +22,8 @@ from hearthside.core.models.gguf_validator import validate_gguf
 from hearthside.core.models.spec import spec_from_gguf_info
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
+pytestmark = pytest.mark.beside
+
 GIB = 1 << 30
 EXPERTS_ON_CPU = (TensorOverride(r"ffn_.*_exps", "CPU"),)
 

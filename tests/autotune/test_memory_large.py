@@ -26,6 +26,8 @@ from hearthside.core.models.spec import spec_from_gguf_info
 from tests.fixtures.large_memory_shapes import LARGE_CASES, LARGE_SHAPES, LargeCase, case_settings
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
+pytestmark = pytest.mark.beside
+
 MIB = 1024 * 1024
 
 

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from hearthside.app.gui.screenshot_recording import recorded_run
 from hearthside.app.tune_cli import describe_result, result_as_dict
 from hearthside.autotune.optimize import NotMeasured, TuneResult, verdict
 from hearthside.autotune.records import RunRecord
+
+pytestmark = pytest.mark.beside
 
 BEST_HERE = "llama.cpp's defaults are already the best here"
 DEFAULTS_PREDICTED = 45.0

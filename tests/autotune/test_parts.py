@@ -11,9 +11,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import hearthside.app
 import hearthside.autotune
 from hearthside.autotune import DOOR, MEASURE, PARTS, PLAN, STORE
+
+pytestmark = pytest.mark.beside
 
 PACKAGE = "hearthside.autotune"
 SOURCE = Path(hearthside.autotune.__file__).parent

@@ -27,6 +27,8 @@ from hearthside.core.models.spec import ModelSpec
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.spec import expand_spec, load_spec
 
+pytestmark = pytest.mark.beside
+
 SPECS = Path(__file__).parents[1] / "fixtures" / "probe" / "specs"
 GIB = 1 << 30
 AVX2 = ["avx", "avx2", "fma", "f16c", "sse4_2"]

@@ -29,6 +29,8 @@ from hearthside.autotune.wisdom import QualityRecord, WisdomDB, WisdomError
 from hearthside.core.models.store import ModelRecord
 from tests.gguf_samples import quantize_file
 
+pytestmark = pytest.mark.beside
+
 SHORT_CTX = 128
 # One chunk of 128 SmolLM2 tokens (the text averages ~4.3 characters a token): 63 scored.
 SHORT_TEXT_CHARS = 700

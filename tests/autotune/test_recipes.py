@@ -5,11 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from hearthside.autotune.planner import plan
 from hearthside.autotune.recipes import applies, matching, shipped_recipes
 from hearthside.autotune.wisdom import WisdomDB, sync_recipes
 from hearthside.core.models.catalog import catalog_ids, catalog_spec
 from hearthside.core.probe.spec import expand_spec, load_spec
+
+pytestmark = pytest.mark.beside
 
 SPECS = Path(__file__).parents[1] / "fixtures" / "probe" / "specs"
 

@@ -29,6 +29,8 @@ from hearthside.autotune.serving import (
 from hearthside.core.models.catalog import catalog_ids, catalog_spec
 from hearthside.core.probe.spec import ClusterSpec, expand_cluster_spec, load_cluster_spec
 
+pytestmark = pytest.mark.beside
+
 ASSETS = Path(str(resources.files("hearthside.assets")))
 EXAMPLES = ("2x-rtx-3090", "8x-h100", "2x-dgx-spark")
 GIB = 1 << 30

@@ -17,6 +17,8 @@ from hearthside.core.models.spec import ModelSpec
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.spec import expand_spec
 
+pytestmark = pytest.mark.beside
+
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 VIRTIO_READ_AHEAD_KB = 8192  # /sys/block/vda/queue/read_ahead_kb on the 2-core EPYC VM
 NO_REPACKING = ["avx", "f16c", "fma"]

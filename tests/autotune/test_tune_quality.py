@@ -12,6 +12,8 @@ from hearthside.autotune.quality import load_eval_text
 from hearthside.autotune.tune_quality import kv_quality
 from hearthside.autotune.wisdom import WisdomDB
 
+pytestmark = pytest.mark.beside
+
 SHORT_CTX = 128
 SHORT_TEXT_CHARS = 700  # one chunk of 128 SmolLM2 tokens
 

@@ -27,6 +27,8 @@ from tests.autotune.test_planner import machine
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 from tests.gguf_samples import register_tiny_variants
 
+pytestmark = pytest.mark.beside
+
 QUANTS = ("Q8_0", "Q6_K", "Q4_K_M", "Q4_0", "Q2_K")
 # What `hearthside quality` reported for Gemma 3 270M's variants, rounded: the shape of real
 # figures (fewer bits, more divergence; Q4_0 well over the budget, Q2_K far over it).

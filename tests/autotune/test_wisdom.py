@@ -20,6 +20,8 @@ from hearthside.autotune.wisdom import (
 )
 from hearthside.core.engine.config import EngineConfig
 
+pytestmark = pytest.mark.beside
+
 KEY = TuningKey("machine-a", "engine-1", "model-x")
 FAST = EngineConfig("/models/x.gguf", n_threads=2, flash_attn=True).to_dict()
 SLOW = EngineConfig("/models/x.gguf", n_threads=1).to_dict()

@@ -7,6 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.beside
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # `cuobjdump --list-elf` as CUDA 12.4's printed it for a program built with -arch=sm_70 here
 SM70_LINES = ["ELF file    1: t70.1.sm_70.cubin", "ELF file    2: t70.2.sm_70.cubin"]

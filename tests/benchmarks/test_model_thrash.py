@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.benchmarks.test_targets import benchmark, status
+
+pytestmark = pytest.mark.beside
 
 MODELS = ["smol", "smol-q8", "smol-q4", "gemma", "gemma-q8", "gemma-q4"]
 

@@ -3,7 +3,11 @@ Nothing here runs llama-bench or the engine (minutes each)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.benchmarks.test_targets import benchmark, status
+
+pytestmark = pytest.mark.beside
 
 
 def medians(native: float, imitation: float, pick_native: float) -> list[dict[str, object]]:

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.benchmarks.test_targets import benchmark
+
+pytestmark = pytest.mark.beside
 
 
 def run_of(waited_s: float, measured: tuple[int, ...]) -> Any:

@@ -14,6 +14,8 @@ import pytest
 from hearthside.core.errors import ModelFileError, describe_error
 from hearthside.core.logs import log_dir, log_file, setup_logging
 
+pytestmark = pytest.mark.beside
+
 
 def private(path: Path) -> bool:
     return os.name != "posix" or stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -16,6 +16,8 @@ import pytest
 
 from hearthside.core.units import GB, GIB, KIB, MIB, format_bytes, format_duration
 
+pytestmark = pytest.mark.beside
+
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("app", "core", "autotune", "kernels")
 UNITS_MODULE = ROOT / "core" / "units.py"

@@ -7,6 +7,8 @@ import pytest
 from hearthside.kernels.anomalies import find_anomalies, pcie_gb_s, spec_value
 from tests.kernels.reports import cpu_measurements, h200_machine, measured
 
+pytestmark = pytest.mark.beside
+
 
 def healthy_h200() -> list:
     return [

@@ -17,6 +17,8 @@ from hearthside.kernels.results import (
 )
 from tests.kernels.reports import cpu_measurements, h200_machine, report_with
 
+pytestmark = pytest.mark.beside
+
 
 @pytest.fixture
 def report() -> CalibrationReport:

@@ -31,6 +31,8 @@ from hearthside.app.bundle_model import (
 )
 from hearthside.core.errors import ModelStoreError
 
+pytestmark = pytest.mark.beside
+
 MODULE = "hs_fake_model_part1"
 INIT = b"from importlib.resources import files\n\ndef chunk():\n    return files(__name__)\n"
 CHUNK = bytes(range(256)) * 512  # 128 KiB of "model"

@@ -42,6 +42,8 @@ from hearthside.app.launcher import (
 from hearthside.app.launcher_cli import add_launcher_parser
 from hearthside.core.errors import HearthsideError
 
+pytestmark = pytest.mark.beside
+
 NEEDS_VALIDATOR = pytest.mark.skipif(
     shutil.which("desktop-file-validate") is None,
     reason="desktop-file-validate is missing (apt package desktop-file-utils)",

@@ -21,6 +21,8 @@ from PySide6.QtGui import QGuiApplication, QImage
 from hearthside.app.launcher import APP_ID, PNG_SIZES
 from hearthside.core.probe.runner import SOURCES
 
+pytestmark = pytest.mark.beside
+
 PACKAGING = Path(__file__).parents[2] / "packaging"
 DESKTOP_FILE = PACKAGING / "linux" / f"{APP_ID}.desktop"
 METAINFO = PACKAGING / "linux" / f"{APP_ID}.metainfo.xml"

@@ -22,7 +22,7 @@ from hearthside.core.engine.service import EngineService
 from hearthside.core.server.request_log import FinishedRequest
 from tests.app.gui.test_api_switch import free_port
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 START_TIMEOUT_MS = 20_000
 LEFT = Qt.MouseButton.LeftButton
 

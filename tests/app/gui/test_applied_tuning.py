@@ -15,7 +15,7 @@ from hearthside.autotune.planner import Reason
 from hearthside.core.probe.runner import probe_hardware
 from tests.app.gui.test_wizard import recorded_result_page
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 
 def test_the_result_page_speaks_of_settings_not_field_names(qtbot: QtBot) -> None:

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QApplication
 
 from tests.app.gui.window_helpers import open_window
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 
 def test_the_window_says_why_it_loads_a_shorter_context(

@@ -16,7 +16,7 @@ from hearthside.app.gui.conversation_list import ConversationList, when_text, wh
 from hearthside.core.engine.config import SamplingParams
 from hearthside.core.history.store import Conversation, StoredMessage
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 SHIFT = Qt.KeyboardModifier.ShiftModifier
 CTRL = Qt.KeyboardModifier.ControlModifier

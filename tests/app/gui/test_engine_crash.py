@@ -20,7 +20,7 @@ from hearthside.core.errors import EngineCrashedError
 from hearthside.core.logs import log_file
 from tests.app.gui.window_helpers import open_window, use_settings
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 REPLY_TIMEOUT_MS = 120_000
 STORY = "Tell me a long story about a lighthouse keeper."

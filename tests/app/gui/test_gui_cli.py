@@ -11,6 +11,8 @@ import pytest
 from hearthside.app.cli import _with_default_command, build_parser
 from hearthside.app.gui_cli import NO_DISPLAY_NOTICE, bare_command, display_available
 
+pytestmark = pytest.mark.beside
+
 LINUX = "linux"
 
 

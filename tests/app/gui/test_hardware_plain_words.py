@@ -34,7 +34,7 @@ from tests.app.gui.test_hardware_page import (
     rtx_3090_desktop,
 )
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 BUSY_FLAG = (
     "Other programs kept 1.0 of 2 cores busy while measuring: the figures may be low; "
     "measure again when the computer is idle."

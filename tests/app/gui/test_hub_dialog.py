@@ -32,7 +32,7 @@ from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 from tests.hub_server import HubRepo, HubServer
 from tests.small_disk import small_tmpfs
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 TINY_REPO = "acme/Tiny-Dense-GGUF"
 TINY_FILE = "Tiny-Dense-Q4_0.gguf"

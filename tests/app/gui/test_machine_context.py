@@ -17,7 +17,7 @@ from hearthside.core.probe.runner import probe_hardware
 from hearthside.kernels.measurement import Measurement, Samples
 from hearthside.kernels.results import CalibrationReport
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 WAIT_MS = 30_000
 CALIBRATED = f"Confidence: calibrated — {CONFIDENCE_TEXT['calibrated']}."
 

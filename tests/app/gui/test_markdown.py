@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hearthside.app.gui.markdown import (
     DARK_CODE_THEME,
     LIGHT_CODE_THEME,
     MarkdownRenderer,
     highlight_code,
 )
+
+pytestmark = pytest.mark.beside
 
 
 def test_fenced_code_is_highlighted_and_numbered_from_the_given_index() -> None:

@@ -20,7 +20,7 @@ from hearthside.core.paths import data_dir, models_dir
 from hearthside.core.units import format_bytes
 from tests.gguf_samples import write_tiny_gguf
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 ADD_TIMEOUT_MS = 60_000
 LEFT = Qt.MouseButton.LeftButton

@@ -14,6 +14,10 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.beside
+
 GUI = Path(__file__).resolve().parents[3] / "app" / "gui"
 COMMAND = re.compile(r"\bhearthside [a-z][a-z-]+")
 ENV_NAME = re.compile(r"HEARTHSIDE_[A-Z_]+")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from pytestqt.qtbot import QtBot
 
 from hearthside.app.gui.main_window import MainWindow
 from hearthside.app.gui.wizard import OptimizeWizard
 from hearthside.core.probe.runner import probe_hardware
+
+pytestmark = pytest.mark.beside
 
 
 def test_the_banner_opens_the_wizard_and_is_gone_for_good(qtbot: QtBot) -> None:

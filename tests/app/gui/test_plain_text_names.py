@@ -19,7 +19,7 @@ from hearthside.core.paths import data_dir
 from tests.app.gui.window_helpers import open_window
 from tests.gguf_samples import write_tiny_gguf
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 MARKUP_NAME = "<b>x</b><img src='file:///etc/passwd'>"
 

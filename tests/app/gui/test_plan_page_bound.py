@@ -18,7 +18,7 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from tests.sapphire_rapids import sapphire_rapids, sapphire_rapids_report
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 PLAN_TIMEOUT_MS = 30_000
 

@@ -27,7 +27,7 @@ from hearthside.core.paths import models_dir
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 TIMEOUT_MS = 30_000
 H100 = example_choice("hardware-example-8x-h100.json")

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QLabel
 from pytestqt.qtbot import QtBot
+
+pytestmark = pytest.mark.beside
 
 
 class _Emitter(QObject):

@@ -18,7 +18,7 @@ from pytestqt.qtbot import QtBot
 from hearthside.app.gui.remote_dialog import FIRST_LISTED, RemoteDialog
 from hearthside.core.engine.remotes import RemoteRegistry
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 KEY = "vllm-key-abcdef123"
 MODELS = ["Qwen/Qwen3-32B-AWQ", "meta-llama/Llama-3.1-8B-Instruct"]

@@ -24,7 +24,7 @@ from hearthside.core.engine.service import EngineService
 from tests.app.gui.window_helpers import use_settings
 from tests.remote_peer import ServerProcess, free_port, llama_cpp_server
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 PEER_KEY = "gui-peer-key-0123456789"
 QUESTION = "What is the capital of France?"

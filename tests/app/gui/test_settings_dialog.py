@@ -30,7 +30,7 @@ from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.runner import probe_in_subprocess
 from hearthside.core.settings import SETTINGS_FILE_NAME, Settings
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 WindowFactory = Callable[..., MainWindow]
 
 

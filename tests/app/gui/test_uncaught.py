@@ -14,6 +14,8 @@ from pytestqt.qtbot import QtBot
 from hearthside.app.gui.app import GuiOptions, HearthsideApp, create_application
 from hearthside.core.logs import CRASH_PREFIX, CRASH_SUFFIX, STACKS_FOLLOW, log_dir, setup_logging
 
+pytestmark = pytest.mark.beside
+
 SHOWN_TIMEOUT_MS = 5000
 
 

@@ -9,7 +9,7 @@ from pytestqt.qtbot import QtBot
 
 from hearthside.app.gui.workers import MainThreadRelay, run_in_background
 
-pytestmark = pytest.mark.gui
+pytestmark = [pytest.mark.gui, pytest.mark.beside]
 
 
 def test_work_runs_on_a_worker_and_the_result_comes_back_on_the_ui_thread(qtbot: QtBot) -> None:

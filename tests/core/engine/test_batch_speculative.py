@@ -22,6 +22,8 @@ from hearthside.core.engine.config import EngineConfig, SamplingParams, Speculat
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
 from hearthside.core.engine.metrics import SpeculationStats
 
+pytestmark = pytest.mark.beside
+
 LOOKUP = SpeculativeConfig(mode="prompt_lookup", draft_tokens=4, ngram_size=3)
 REPEAT = (
     "Repeat exactly: the cat sat on the mat, the dog sat on the log, the bird sat on the "

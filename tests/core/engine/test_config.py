@@ -13,6 +13,8 @@ from hearthside.core.engine.config import (
     SpeculativeConfig,
 )
 
+pytestmark = pytest.mark.beside
+
 
 def test_round_trips_through_json() -> None:
     config = EngineConfig(

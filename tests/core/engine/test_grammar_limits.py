@@ -18,6 +18,8 @@ from hearthside.core.engine.grammar_limits import (
     GrammarError,
 )
 
+pytestmark = pytest.mark.beside
+
 
 @pytest.fixture(scope="module")
 def engine(chat_model_file: Path) -> Iterator[Engine]:

@@ -24,6 +24,8 @@ from hearthside.core.errors import (
     EngineOutOfMemoryError,
 )
 
+pytestmark = pytest.mark.beside
+
 # Loads a model in an EngineService (the way the chat, the API and the window load), with the
 # address space limited to argv[1] bytes (0: no limit); prints each retry, then what loaded
 # and the process's peak address space.

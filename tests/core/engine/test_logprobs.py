@@ -14,6 +14,8 @@ from hearthside.core.engine.config import EngineConfig, SamplingParams
 from hearthside.core.engine.engine import ChatMessage, Engine, GenerationResult
 from hearthside.core.engine.logprobs import LogprobLedger, TokenLogprob
 
+pytestmark = pytest.mark.beside
+
 QUESTION = [ChatMessage("user", "Write one sentence about the sea.")]
 GREEDY_LOGPROBS = SamplingParams(temperature=0.0, max_tokens=16, logprobs=3)
 

@@ -39,6 +39,8 @@ from hearthside.core.engine.speculative import (
 from hearthside.core.models.vocab import VocabularyError
 from tests.gguf_samples import write_tiny_gguf
 
+pytestmark = pytest.mark.beside
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 BATCH_ROUNDING_LOGITS = 1.0  # the batch-vs-single logit difference measured above, rounded up
 LOOKUP = SpeculativeConfig(mode="prompt_lookup", draft_tokens=6, ngram_size=3)

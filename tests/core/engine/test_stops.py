@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hearthside.core.engine.stops import StopMatcher
+
+pytestmark = pytest.mark.beside
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> tuple[str, bool]:

@@ -17,6 +17,8 @@ from hearthside.core.engine.tensor_overrides import (
     native_overrides,
 )
 
+pytestmark = pytest.mark.beside
+
 MIB = 1024 * 1024
 GEMMA_KV_HEADS = 1
 GEMMA_HEAD_DIM = 256

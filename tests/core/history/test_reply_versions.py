@@ -18,6 +18,8 @@ from hearthside.core.history.store import (
 )
 from hearthside.core.paths import data_dir
 
+pytestmark = pytest.mark.beside
+
 METRICS = GenerationMetrics(
     prompt_tokens=12,
     prompt_tokens_evaluated=12,

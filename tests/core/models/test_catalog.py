@@ -26,6 +26,8 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
+pytestmark = pytest.mark.beside
+
 GB = 10**9
 
 # A user's own descriptor for a 70B dense model (Llama 3.1 70B's config.json numbers).

@@ -28,6 +28,8 @@ from hearthside.core.models.store import ModelStore
 from hearthside.core.paths import data_dir
 from tests.gguf_samples import write_tiny_gguf
 
+pytestmark = pytest.mark.beside
+
 
 @pytest.fixture
 def store() -> Iterator[ModelStore]:

@@ -22,6 +22,8 @@ from hearthside.core.paths import data_dir
 from tests.hub_server import HubServer, write_llama_gguf
 from tests.small_disk import small_tmpfs
 
+pytestmark = pytest.mark.beside
+
 REPO = "acme/tiny-llama-GGUF"
 SPLIT_REPO = "acme/tiny-split-GGUF"
 FILE = "Tiny-Llama-F32.gguf"

@@ -31,6 +31,8 @@ from hearthside.core.units import MIB
 from tests.cgroup_limit import memory_limited_cgroup
 from tests.gguf_samples import write_tiny_gguf
 
+pytestmark = pytest.mark.beside
+
 CGROUP_LIMIT_BYTES = 1024 * MIB
 CLI = [sys.executable, "-m", "hearthside.app.cli"]
 # 400 constant outputs of 4 million characters: folded while compiling, 1.6 GB of literals and

@@ -42,6 +42,8 @@ from hearthside.core.serialize import from_jsonable, to_jsonable
 from hearthside.core.settings import Settings
 from tests.hub_server import COMMIT_SHA, HubServer
 
+pytestmark = pytest.mark.beside
+
 HF = HubEndpoint("https://huggingface.co")
 
 

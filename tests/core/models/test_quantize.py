@@ -23,6 +23,8 @@ from hearthside.core.models.store import ModelRecord, ModelStore
 from hearthside.core.paths import data_dir
 from tests.small_disk import small_tmpfs
 
+pytestmark = pytest.mark.beside
+
 
 @pytest.fixture
 def store() -> Iterator[ModelStore]:

@@ -38,6 +38,8 @@ from hearthside.core.models.spec import (
 )
 from tests.fixtures.synthetic_gguf import SHAPES, SyntheticShape, write_synthetic_gguf
 
+pytestmark = pytest.mark.beside
+
 MIB = 1024 * 1024
 # llama.cpp logs KV sizes in MiB with two decimals (the load report turns them into bytes).
 LOGGED_MIB_ROUNDING = 0.005 * MIB + 1

@@ -19,6 +19,8 @@ from hearthside.core.models.vocab import (
 )
 from hearthside.core.paths import data_dir
 
+pytestmark = pytest.mark.beside
+
 NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hearthside.core.probe.advice import advise
 from hearthside.core.probe.profile import (
     CpuInfo,
@@ -12,6 +14,8 @@ from hearthside.core.probe.profile import (
     MemoryInfo,
     UnsupportedDevice,
 )
+
+pytestmark = pytest.mark.beside
 
 GIB = 1024**3
 CPU_ENGINE = EngineInfo(package_version="0.3.36", backends=("CPU",), gpu_offload=False)

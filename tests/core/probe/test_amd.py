@@ -16,6 +16,8 @@ from hearthside.core.probe.amd import (
 from hearthside.core.probe.base import ProbeContext, ProbeResult, merge_results
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
 
+pytestmark = pytest.mark.beside
+
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "probe" / "gpu"
 GIB = 1024**3
 

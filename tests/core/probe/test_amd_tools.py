@@ -21,6 +21,8 @@ from hearthside.core.probe.amd import (
 from hearthside.core.probe.base import ProbeContext, ProbeResult
 from hearthside.core.probe.engine_build import choose_build
 
+pytestmark = pytest.mark.beside
+
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "probe" / "gpu"
 MIB = 2**20
 

@@ -18,6 +18,8 @@ from hearthside.core.probe.apple import (
 from hearthside.core.probe.base import CommandRunner, ProbeContext, ProbeResult, merge_results
 from hearthside.core.probe.profile import GpuInfo, HardwareProfile
 
+pytestmark = pytest.mark.beside
+
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "probe" / "gpu"
 GIB = 1024**3
 

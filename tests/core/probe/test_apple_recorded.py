@@ -7,8 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from hearthside.core.probe.apple import SYSCTL_COMMAND, SYSTEM_PROFILER_COMMAND, probe
 from hearthside.core.probe.base import ProbeContext
+
+pytestmark = pytest.mark.beside
 
 M1 = Path(__file__).parents[2] / "fixtures" / "probe" / "gpu" / "apple-m1"
 # `sysctl hw.memsize machdep.cpu.brand_string` in sysctl's own format; 8 GiB, the memory of

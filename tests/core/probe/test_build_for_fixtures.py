@@ -10,6 +10,8 @@ from hearthside.app.engine_cli import gpu_target
 from hearthside.core.probe.engine_build import choose_build
 from hearthside.core.probe.profile import HardwareProfile
 
+pytestmark = pytest.mark.beside
+
 GPU_FIXTURES = Path(__file__).parents[2] / "fixtures" / "probe" / "gpu"
 FIXTURE_NAMES = sorted(path.parent.name for path in GPU_FIXTURES.glob("*/golden.json"))
 PLATFORMS = {"linux": "linux", "darwin": "darwin", "windows": "win32"}

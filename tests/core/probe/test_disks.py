@@ -11,6 +11,8 @@ from hearthside.core.probe import disks
 from hearthside.core.probe.base import ProbeContext
 from hearthside.core.probe.profile import DiskInfo
 
+pytestmark = pytest.mark.beside
+
 MOUNTS = """\
 sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0
 proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0

@@ -24,6 +24,8 @@ from hearthside.core.probe.engine_build import (
     shell_command,
 )
 
+pytestmark = pytest.mark.beside
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 GIB = 2**30
 RTX_3090 = GpuTarget("nvidia", "sm_86", "NVIDIA GeForce RTX 3090", 24 * GIB)

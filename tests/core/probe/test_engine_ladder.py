@@ -32,6 +32,8 @@ from hearthside.core.probe.engine_ladder import (
     write_record,
 )
 
+pytestmark = pytest.mark.beside
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CPU_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "probe" / "cpu"
 SAPPHIRE_RAPIDS = read_cpu_flags(CPU_FIXTURES / "sapphire-rapids-amx")

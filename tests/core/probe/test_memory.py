@@ -17,6 +17,8 @@ from hearthside.core.probe.profile import HardwareProfile, MemoryInfo
 from tests.cgroup_limit import memory_limited_cgroup
 from tests.core.probe.recorded import recorded_context
 
+pytestmark = pytest.mark.beside
+
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "probe" / "memory"
 GIB = 1024**3
 MIB = 1024**2

@@ -11,6 +11,8 @@ import pytest
 from hearthside.core.probe.profile import HardwareProfile
 from hearthside.core.probe.spec import SpecError, expand_spec, load_catalog, load_spec
 
+pytestmark = pytest.mark.beside
+
 SPECS = Path(__file__).resolve().parents[2] / "fixtures" / "probe" / "specs"
 GIB = 2**30
 REQUIRED_SLUGS = {

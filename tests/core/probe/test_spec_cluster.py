@@ -16,6 +16,8 @@ from hearthside.core.probe.spec import (
     load_spec,
 )
 
+pytestmark = pytest.mark.beside
+
 ASSETS = Path(str(resources.files("hearthside.assets")))
 SPECS = Path(__file__).resolve().parents[2] / "fixtures" / "probe" / "specs"
 GIB = 2**30

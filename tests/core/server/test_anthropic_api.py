@@ -21,6 +21,8 @@ from hearthside.core.server.app import ServerSettings
 from hearthside.core.server.controller import ServerController
 from tests.core.server.test_api import KEY, free_port
 
+pytestmark = pytest.mark.beside
+
 MODEL = "smollm2-135m"
 QUESTION: Any = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_SCHEMA = {

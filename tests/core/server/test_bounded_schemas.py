@@ -36,6 +36,8 @@ from hearthside.core.server.validation import (
 )
 from tests.core.server.test_api import Running, serving
 
+pytestmark = pytest.mark.beside
+
 MODEL = "gemma-3-270m-q4_k_m"  # the id start_server gives whatever model it serves
 FAILED_ATTEMPT = "structured reply failed validation"
 

@@ -25,6 +25,8 @@ from hearthside.core.server.app import ServerSettings
 from hearthside.core.server.controller import ServerController
 from tests.core.server.test_api import KEY, Running, free_port, serving
 
+pytestmark = pytest.mark.beside
+
 MODEL = "gemma-3-270m-q4_k_m"  # the name start_server serves the model under
 STORY = "Write a long story about a ship."
 FRANCE = "Question: What is the capital of France?\nAnswer:"

@@ -11,6 +11,8 @@ import pytest
 from hearthside.core.server.app import LLAMA_CPP_SAMPLING
 from tests.core.server.test_api import Running, serving
 
+pytestmark = pytest.mark.beside
+
 QUESTION = "What is the capital of France?"
 
 

@@ -14,6 +14,8 @@ import pytest
 
 from tests.core.server.test_api import Running, serving
 
+pytestmark = pytest.mark.beside
+
 STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 
 

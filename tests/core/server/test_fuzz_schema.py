@@ -16,6 +16,8 @@ from hearthside.core.engine.service import EngineService
 from hearthside.core.server.app import ServerSettings
 from hearthside.core.server.controller import ServerController
 
+pytestmark = pytest.mark.beside
+
 KEY = "fuzz-key-" + "y" * 24
 
 

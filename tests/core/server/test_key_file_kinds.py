@@ -20,7 +20,10 @@ from hearthside.core.server.keys import (
     read_private_text,
 )
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX's")
+pytestmark = [
+    pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX's"),
+    pytest.mark.beside,
+]
 WAIT_S = 5.0
 
 

@@ -16,6 +16,8 @@ from hearthside.core.server.keys import (
     load_or_create_api_key,
 )
 
+pytestmark = pytest.mark.beside
+
 posix_only = pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX-only")
 
 

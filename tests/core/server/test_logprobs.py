@@ -16,6 +16,8 @@ import pytest
 from tests.core.server.openapi_check import assert_matches
 from tests.core.server.test_api import Running, serving
 
+pytestmark = pytest.mark.beside
+
 MODEL = "gemma-3-270m-q4_k_m"  # the id start_server gives the model it loads
 QUESTION = [{"role": "user", "content": "Write one sentence about the sea."}]
 PROMPT = "The capital of France is"

@@ -34,6 +34,8 @@ from hearthside.core.server.model_pool import (
 from tests.core.server.test_api import KEY, Running, free_port
 from tests.gguf_samples import write_tiny_gguf
 
+pytestmark = pytest.mark.beside
+
 SERVED_ID = "tiny-served"
 TINY = ("tiny-a", "tiny-b")
 QUESTION = "Question: What is the capital of France?\nAnswer:"

@@ -21,6 +21,8 @@ from tests.core.server.openapi_check import (
 )
 from tests.core.server.test_api import WEATHER_TOOL, Running, serving
 
+pytestmark = pytest.mark.beside
+
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 8}
 

@@ -23,6 +23,8 @@ from hearthside.core.server.structured import (
 )
 from tests.core.server.test_api import Running, serving
 
+pytestmark = pytest.mark.beside
+
 MODEL = "gemma-3-270m-q4_k_m"  # the id start_server gives whatever model it serves
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {

@@ -27,6 +27,8 @@ from hearthside.core.server.responses import (
 )
 from tests.core.server.test_api import WEATHER_TOOL, Running, serving
 
+pytestmark = pytest.mark.beside
+
 MODEL = "gemma-3-270m-q4_k_m"
 WEATHER: dict[str, Any] = {"type": "function", **cast(dict[str, Any], WEATHER_TOOL["function"])}
 GREEDY: dict[str, Any] = {"model": MODEL, "temperature": 0}

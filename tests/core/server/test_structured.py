@@ -28,6 +28,8 @@ from hearthside.core.server.structured import (
     tool_prompt,
 )
 
+pytestmark = pytest.mark.beside
+
 WEATHER_TOOL = {
     "type": "function",
     "function": {

@@ -17,6 +17,8 @@ from hearthside.core.engine.templates import RENDER_TIME_LIMIT_S
 from tests.core.server.test_api import KEY, Running, serving
 from tests.gguf_samples import write_tiny_gguf
 
+pytestmark = pytest.mark.beside
+
 MODEL_ID = "gemma-3-270m-q4_k_m"  # the name test_api's server gives the model it serves
 TEMPLATE = (
     "{% if messages[-1]['content'] == 'Loop' %}"

@@ -21,7 +21,10 @@ from pydantic import BaseModel, Field
 from tests.core.server.test_api import KEY, WEATHER_TOOL, Running, serving
 
 # LiteLLM's own types trip a pydantic warning on import; it says nothing about our API.
-pytestmark = pytest.mark.filterwarnings("ignore:Item .* `ReadOnly` qualifier:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Item .* `ReadOnly` qualifier:UserWarning"),
+    pytest.mark.beside,
+]
 OFFLINE_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LANGSMITH_TRACING": "false"}
 QUESTION = "What is the capital of France? Answer in one word."
 OVERFLOW = "word " * 2100  # the server loads the model with n_ctx 2048

@@ -24,7 +24,10 @@ import pytest
 
 from tests.core.server.test_api import KEY, Running, serving
 
-pytestmark = pytest.mark.filterwarnings("ignore:Item .* `ReadOnly` qualifier:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Item .* `ReadOnly` qualifier:UserWarning"),
+    pytest.mark.beside,
+]
 CALL_TIMEOUT_S = 30.0
 OFFLINE_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LANGSMITH_TRACING": "false"}
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -10,6 +10,8 @@ import pytest
 
 from hearthside.core.server.keys import ApiKeyFileError, load_or_create_user_key_file
 
+pytestmark = pytest.mark.beside
+
 posix_only = pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX-only")
 REFUSAL = "holds something that is not a Hearthside API key; Hearthside will not overwrite it."
 HINT = "Point --api-key-file at a new path or at a key file Hearthside wrote."
