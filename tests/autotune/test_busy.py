@@ -3,10 +3,7 @@ noise bound, the result says other programs were busy and nothing from the run i
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -40,7 +37,7 @@ from hearthside.core.errors import HearthsideError
 from hearthside.core.probe.runner import probe_hardware
 from hearthside.kernels.measurement import spread_of
 from hearthside.kernels.results import CalibrationReport
-from tests.fixtures.other_programs import BUSY_LOOP, start_other_program
+from tests.fixtures.other_programs import BUSY_LOOP, start_other_program, stop_other_programs
 from tests.fixtures.synthetic_gguf import write_synthetic_gguf
 
 KEY = TuningKey("machine", "engine", "model")
@@ -161,9 +158,7 @@ def competing_programs() -> Iterator[list[int]]:
         time.sleep(0.5)  # running before the first measurement
         yield loops
     finally:
-        for pid in loops:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        stop_other_programs(loops)
 
 
 @pytest.mark.slow  # a real calibration and tune (~30 s)
@@ -186,9 +181,7 @@ def test_a_calibration_and_tune_beside_busy_programs_say_so_and_store_no_default
 
     def stop_when_calibrated(update: optimize.MeasureUpdate) -> None:
         if update.kind == "calibrated":
-            for pid in competing_programs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            stop_other_programs(competing_programs)
 
     result = optimize.measure(request, threading.Event(), stop_when_calibrated)
     assert result is not None and result.best is not None
@@ -227,9 +220,7 @@ def test_other_programs_busy_while_one_setting_is_measured_mark_that_run_and_the
     loops: list[int] = []
 
     def load(config: EngineConfig) -> WorkerEngine:
-        for pid in loops:  # the burst ends when the next setting loads
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        stop_other_programs(loops)  # the burst ends when the next setting loads
         if not loaded:
             loops.extend(start_other_program(BUSY_LOOP) for _ in range(COMPETITORS))
         loaded.append(config.to_dict())
@@ -277,6 +268,4 @@ def test_other_programs_busy_while_one_setting_is_measured_mark_that_run_and_the
         again = [e.kind for e in events if config_key(e.config) == result.baseline.config_key]
         assert "reused" not in again and "measured" in again, again
     finally:
-        for pid in loops:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        stop_other_programs(loops)

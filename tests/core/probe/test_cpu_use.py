@@ -3,16 +3,13 @@ its descendants), on real processes."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import replace
 
 from hearthside.core.probe.cpu_use import CpuUse, cpu_use_now, others_cores
-from tests.fixtures.other_programs import BUSY_LOOP, start_other_program
+from tests.fixtures.other_programs import BUSY_LOOP, start_other_program, stop_other_programs
 
 WINDOW_S = 1.0
 # busy programs that each end within a moment, one after the other (a lowered test lane)
@@ -80,5 +77,4 @@ def others_beside(code: str, niceness: int = 0) -> float:
         time.sleep(0.3)
         return others_while(WINDOW_S)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(other, signal.SIGKILL)
+        stop_other_programs([other])
