@@ -22,7 +22,10 @@ values, `kernels/synthetic_model.py`) are written and, per model, in one run:
      `candidates`: its thread counts × {flash off with an f16 KV cache, flash on with f16, q8_0
      or q4_0 KV}), decode only (`-p 0`), in three llama-bench runs; the physical batch, the
      tuner's fourth axis, does not enter decode (one token a batch), so it is not swept: on a
-     2-core machine that is 2 × 4 = 8 points a round;
+     2-core machine that is 2 × 4 = 8 points a round; when its best point (among the KV
+     types within the tuner's quality budget) is not the pick, the two are measured again in
+     alternate runs (best, pick, best, pick): the best of eight noisy figures reads high by
+     selection alone, and a fresh measurement of it does not;
    - native `llama-server` at the plan's settings (slots, context, KV, threads, mmap/mlock):
      one warm-up request, then the first token of a 512-token prompt (wall time of a
      1-token completion), then the process's peak RSS (`VmHWM` of /proc/PID/status), with
@@ -40,16 +43,19 @@ seconds, to check the plumbing (its figures say nothing about real models).
 
 Targets, per model: predicted / measured decode, prefill and first token within ±20%; plan's
 memory / peak RSS within 5%; the tuner's pick / the sweep's best decode (among the KV types
-within the tuner's quality budget, both from the same round's sweep) >= 0.97; the
+within the tuner's quality budget, from the same round's sweep, that best measured again
+beside the pick when it is another point) >= 0.97; the
 pick / native defaults >= 1.0 (decode, both native); the speed-up shown / the one measured
 natively within 5%. Every ratio is the median of the rounds' own ratios. Exit status 1 on a
-miss. After the table, the run's own noise: the pick's settings are measured twice a round
-(its llama-bench run and its sweep point), and the decode comparisons that missed by less
-than those two disagreed are named, as is a pick that is llama.cpp's defaults flag for flag
-(then "pick / native defaults" compares one setting with itself); the status still counts
-every miss. llama-bench and llama-server are the ones `../shared/tools/build-native-llama.sh` builds
-from the llama.cpp that llama-cpp-python vendors. Never in CI; run it on a quiet machine (the
-load average is printed each round).
+miss. When llama-bench runs the pick's flags at the very settings it runs with no flag (its
+own report of both, with "auto" flash attention resolved as llama.cpp logs it under -v), the
+pick is llama.cpp's defaults and "pick / native defaults" is 1 by identity: two measurements
+of one command line differ by noise alone, and a coin flip is no verdict. After the table, the
+run's own noise: the pick's settings are measured twice a round (its llama-bench run and its
+sweep point), and the decode comparisons that missed by less than those two disagreed are
+named; the status still counts every miss. llama-bench and llama-server are the ones
+`../shared/tools/build-native-llama.sh` builds from the llama.cpp that llama-cpp-python
+vendors. Never in CI; run it on a quiet machine (the load average is printed each round).
 """
 
 from __future__ import annotations
@@ -99,6 +105,7 @@ REAL_SHAPES = ("llama-3.1-8b:Q4_K_M", "qwen3-30b-a3b:Q2_K")
 TINY_SHAPES = ("tiny-dense:Q4_K_M", "tiny-moe:Q2_K")
 # The tuner's flash-attention × KV pairs (`tuner.candidates`): flash off means an f16 cache
 SWEEP_CACHES = ((False, "f16"), (True, "f16"), (True, "q8_0"), (True, "q4_0"))
+RECHECKS = 2  # runs of each side when the sweep's best is measured again beside the pick
 SERVER_LOAD_S = 900  # an 11 GB model repacked on 2 cores, read cold from disk
 BUFFER_LINE = re.compile(r"(\S+)\s+(\S+) buffer size =\s*([\d.]+) MiB")
 
@@ -142,6 +149,10 @@ class Round:
     peak_rss_bytes: int  # llama-server's VmHWM
     buffer_bytes: int | None  # llama.cpp's own buffer lines, summed
     load_average: float
+    # The pick / the sweep's best allowed point, both measured again alternately after the
+    # sweep (None: the pick was the sweep's best). The best of eight noisy figures reads high
+    # by selection alone; a fresh measurement of it does not.
+    pick_over_best: float | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,10 @@ class ModelResult:
     shown_speedup: float | None  # "Chosen settings decode N x llama.cpp's defaults"
     rounds: Sequence[Round]
     pick_is_defaults: bool = False  # the tuner kept llama.cpp's defaults, flag for flag
+    # llama-bench ran the pick and llama.cpp's defaults at the very same settings (its own
+    # report of each, "auto" resolved as llama.cpp logged it): then the pick / defaults is 1
+    # by identity, and the two measurements of it are this run's noise
+    same_as_defaults_natively: bool = False
 
 
 # --- the verdicts (pure) ----------------------------------------------------------------------
@@ -161,7 +176,7 @@ class ModelResult:
 def targets(result: ModelResult) -> list[Target]:
     """One model's verdicts, a pure function of its prediction and its rounds' figures."""
     rounds, predicted, name = result.rounds, result.predicted, result.name
-    over_defaults = _median([r.pick.decode_tps / r.defaults.decode_tps for r in rounds])
+    over_defaults = _median([_over_defaults(r, result) for r in rounds])
     shown = None
     if result.shown_speedup is not None and over_defaults:
         shown = result.shown_speedup / over_defaults
@@ -220,10 +235,18 @@ def noise_notes(result: ModelResult, verdicts: Sequence[Target]) -> list[str]:
         ]
         if within:
             notes.append(f"{result.name}: missed by less than that noise: " + "; ".join(within))
-    if result.pick_is_defaults:
+    if result.same_as_defaults_natively:
+        apart = _median([abs(r.pick.decode_tps / r.defaults.decode_tps - 1)
+                         for r in result.rounds if r.defaults.decode_tps])  # fmt: skip
         notes.append(
-            f"{result.name}: the pick is llama.cpp's defaults, flag for flag, so "
-            "'pick / native defaults' measures one setting against itself"
+            f"{result.name}: llama-bench ran the pick at llama.cpp's defaults' very settings, "
+            "so 'pick / native defaults' is 1 by identity"
+            + (f" (its two runs a round differed by a median {apart:.1%}: noise)" if apart else "")
+        )
+    elif result.pick_is_defaults:
+        notes.append(
+            f"{result.name}: the tuner kept llama.cpp's defaults, but llama-bench reported "
+            "other settings for its flags than for no flag: 'pick / native defaults' is measured"
         )
     return notes
 
@@ -235,12 +258,29 @@ def _within(name: str, ratio: float | None, tolerance: float) -> list[Target]:
     ]
 
 
+def _over_defaults(round_: Round, result: ModelResult) -> float | None:
+    """The pick's native decode over llama.cpp's defaults: 1 when llama-bench ran both at the
+    same settings (two measurements of one command line differ by noise alone)."""
+    if result.same_as_defaults_natively:
+        return 1.0
+    defaults = round_.defaults.decode_tps
+    return round_.pick.decode_tps / defaults if defaults else None
+
+
 def _over_sweep_best(round_: Round, pick: SweepPoint, allowed: frozenset[str]) -> float | None:
-    """The pick's decode over the best point the tuner could have chosen, both from this
-    round's sweep (one llama-bench run when they share a KV type, else runs back to back)."""
-    best = max((tps for point, tps in round_.sweep.items() if point.kv in allowed), default=None)
+    """The pick's decode over the best point the tuner could have chosen: as measured again
+    alternately after the sweep when that point is not the pick, else 1 (both from this
+    round's sweep)."""
+    if round_.pick_over_best is not None:
+        return round_.pick_over_best
+    best = best_allowed(round_.sweep, allowed)
     mine = round_.sweep.get(pick)
-    return mine / best if mine and best else None
+    return mine / round_.sweep[best] if mine and best else None
+
+
+def best_allowed(sweep: Mapping[SweepPoint, float], allowed: frozenset[str]) -> SweepPoint | None:
+    """The fastest point of a sweep among the KV types within the tuner's quality budget."""
+    return max((p for p in sweep if p.kv in allowed), key=lambda p: sweep[p], default=None)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -328,6 +368,60 @@ def sweep_decode(
             if point in points:
                 measured[point] = float(statistics.median(row.get("samples_ts") or [row["avg_ts"]]))
     return measured
+
+
+def decode_of(binary: Path, model: Path, point: SweepPoint, sizes: Sizes) -> float:
+    """One point's decode tok/s in a llama-bench run of its own (the median of its samples)."""
+    args = ["-p", "0", "-n", str(sizes.n_gen), "-r", str(sizes.repetitions)]
+    args += ["-t", str(point.threads), "-fa", "1" if point.flash else "0"]
+    args += ["-ctk", point.kv, "-ctv", point.kv]
+    (row,) = llama_bench_rows(binary, model, args)  # one test: tgN
+    return float(statistics.median(row.get("samples_ts") or [row["avg_ts"]]))
+
+
+def pick_over_best_again(
+    binary: Path, model: Path, pick: SweepPoint, best: SweepPoint | None, sizes: Sizes
+) -> float | None:
+    """The pick's decode over the sweep's best, measured again in alternate runs (best, pick,
+    best, pick); None when the pick is the best."""
+    if best is None or best == pick:
+        return None
+    figures: dict[SweepPoint, list[float]] = {best: [], pick: []}
+    for _ in range(RECHECKS):
+        for point in (best, pick):
+            figures[point].append(decode_of(binary, model, point, sizes))
+    return statistics.median(figures[pick]) / statistics.median(figures[best])
+
+
+# Fields of a llama-bench row that are measurements or the test's size, not settings
+MEASURED_FIELDS = frozenset({"n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns",
+                             "avg_ts", "stddev_ts", "samples_ns", "samples_ts"})  # fmt: skip
+FLASH_RESOLVED = re.compile(r"Flash Attention (enabled|disabled)")
+
+
+def settings_run(binary: Path, model: Path, flags: Sequence[str]) -> dict[str, Any]:
+    """The settings llama-bench reports running `flags` at, with its "auto" flash attention
+    resolved as llama.cpp logged it (-v) and GPU layers left out on a CPU-only build."""
+    command = [str(binary), "-m", str(model), "-o", "json", "-v", "-p", "0", "-n", "1", "-r", "1"]
+    command += flags
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"llama-bench failed ({' '.join(command)}):\n{done.stderr[-2000:]}")
+    row = json.loads(done.stdout)[0]
+    settings = {key: value for key, value in row.items() if key not in MEASURED_FIELDS}
+    if settings.get("flash_attn") == -1 and (logged := FLASH_RESOLVED.search(done.stderr)):
+        settings["flash_attn"] = int(logged.group(1) == "enabled")
+    if settings.get("backends") == "CPU":
+        settings.pop("n_gpu_layers", None)
+    return settings
+
+
+def same_as_defaults_natively(binary: Path, model: Path, pick: EngineConfig) -> bool:
+    """Whether llama-bench runs the pick's flags at the very settings it runs with no flag."""
+    if pick.decode_threads != pick.batch_threads:
+        return False
+    flags = native_flags(_at_threads(pick, pick.decode_threads))
+    return settings_run(binary, model, flags) == settings_run(binary, model, [])
 
 
 @dataclass(frozen=True)
@@ -459,10 +553,14 @@ def measure_model(
             "tune's notes": [note.get("reason") for note in tuned.get("notes") or []],
         },
     )
+    same = same_as_defaults_natively(args.llama_bench, model, pick)
+    _say(f"{name}: llama-bench runs the pick at llama.cpp's defaults' settings: {same}")
     rounds = []
     with tempfile.TemporaryDirectory(prefix="hearthside-realistic-") as work:
         for index in range(args.rounds):
-            rounds.append(one_round(index, args, model, plan_config, pick, points, Path(work)))
+            rounds.append(
+                one_round(index, args, model, (plan_config, pick), points, allowed, Path(work))
+            )
     return ModelResult(
         name,
         predicted,
@@ -471,6 +569,7 @@ def measure_model(
         tuned.get("speedup_over_defaults"),
         rounds,
         pick_is_defaults=_kept_defaults(tuned),
+        same_as_defaults_natively=same,
     )
 
 
@@ -485,9 +584,9 @@ def one_round(
     index: int,
     args: argparse.Namespace,
     model: Path,
-    plan_config: EngineConfig,
-    pick: EngineConfig,
+    plan_and_pick: tuple[EngineConfig, EngineConfig],
     points: Sequence[SweepPoint],
+    allowed: frozenset[str],
     work: Path,
 ) -> Round:
     """Every side once; every other round in reverse order, so no side always runs first. The
@@ -495,11 +594,18 @@ def one_round(
     on a shared VM also measures what its neighbours did in between."""
     sizes = Sizes(args.n_prompt, args.n_gen, args.repetitions)
     binary, server = args.llama_bench, args.llama_server
+    plan_config, pick = plan_and_pick
+
+    def sweep() -> tuple[dict[SweepPoint, float], float | None]:
+        measured = sweep_decode(binary, model, points, sizes)
+        best = best_allowed(measured, allowed)
+        return measured, pick_over_best_again(binary, model, point_of(pick), best, sizes)
+
     steps: dict[str, Callable[[], Any]] = {
         "defaults": lambda: native_speeds(binary, model, None, sizes),
         "pick": lambda: native_speeds(binary, model, pick, sizes),
         "planned": lambda: native_speeds(binary, model, plan_config, sizes),
-        "sweep": lambda: sweep_decode(binary, model, points, sizes),
+        "sweep": sweep,
         "served": lambda: serve_once(server, model, plan_config, sizes.n_prompt, work),
     }
     order = list(steps) if index % 2 == 0 else list(reversed(steps))
@@ -510,20 +616,26 @@ def one_round(
         done[step] = steps[step]()
         took[step] = time.monotonic() - started
     served: Served = done["served"]
+    swept, pick_over_best = done["sweep"]
     load = os.getloadavg()[0]
     _say(
         f"round {index + 1}/{args.rounds}: decode defaults {done['defaults'].decode_tps:.2f}, "
         f"plan {done['planned'].decode_tps:.2f}, pick {done['pick'].decode_tps:.2f} tok/s; "
         f"first token {served.ttft_s:.2f} s; peak RSS {served.peak_rss_bytes / GIB:.2f} GiB; "
-        f"load average {load:.1f}; took "
+        + (
+            f"pick / sweep's best measured again {pick_over_best:.3f}; "
+            if pick_over_best is not None
+            else ""
+        )
+        + f"load average {load:.1f}; took "
         + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in took.items())
     )
     if index == 0:
         for line in served.buffers:
             _say(f"  llama.cpp: {line.split(' I ', 1)[-1]}")
     return Round(
-        done["defaults"], done["planned"], done["pick"], done["sweep"], served.ttft_s,
-        served.peak_rss_bytes, served.buffer_bytes, load,
+        done["defaults"], done["planned"], done["pick"], swept, served.ttft_s,
+        served.peak_rss_bytes, served.buffer_bytes, load, pick_over_best,
     )  # fmt: skip
 
 
@@ -560,6 +672,9 @@ def print_table(result: ModelResult) -> None:
     for label, values in sides:
         shown = " ".join(f"{value:.2f}" for value in values)
         print(f"  {label:68} {shown} → {statistics.median(values):.2f}")
+    again = [f"{r.pick_over_best:.3f}" for r in rounds if r.pick_over_best is not None]
+    if again:
+        print(f"pick / sweep's best (another point), measured again alternately: {' '.join(again)}")
     print(f"speed-up tune showed the user: {result.shown_speedup}")
     print("ratios are medians of each round's own ratios (sides of one round run minutes apart "
           "at most; the sweep's points share one llama-bench run per KV type)")  # fmt: skip
@@ -573,6 +688,7 @@ def as_json(results: Sequence[ModelResult]) -> str:
             "pick_point": result.pick_point.label,
             "allowed_kv": sorted(result.allowed_kv),
             "shown_speedup": result.shown_speedup,
+            "same_as_defaults_natively": result.same_as_defaults_natively,
             "rounds": [
                 {
                     "defaults": asdict(r.defaults),
@@ -583,6 +699,7 @@ def as_json(results: Sequence[ModelResult]) -> str:
                     "peak_rss_bytes": r.peak_rss_bytes,
                     "buffer_bytes": r.buffer_bytes,
                     "load_average": r.load_average,
+                    "pick_over_best_measured_again": r.pick_over_best,
                 }
                 for r in result.rounds
             ],
@@ -667,8 +784,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 if args.models_dir is None:
                     model.unlink(missing_ok=True)  # GBs each
-    for result in results:
-        print_table(result)
+            print_table(results[-1])  # now: a later model's failure must not lose this one
     print(f"\nload average after: {os.getloadavg()}")
     if args.json:
         print(as_json(results))
