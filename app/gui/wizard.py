@@ -347,6 +347,15 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
+def unsteady_count_text(count: int) -> str:
+    """Under the measuring bar: settings whose speed may read low, and why, in plain words."""
+    speeds = "1 speed" if count == 1 else f"{count} speeds"
+    return (
+        f"{speeds} may read low: other programs were busy, or the speed jumped between tries "
+        "(the next Optimize measures again); point at a bar for details"
+    )
+
+
 class ModelChoiceDelegate(QStyledItemDelegate):
     """Two lines per model (the name, then its details) and a tag: installed or plan only."""
 
@@ -766,10 +775,7 @@ class MeasurePage(QWizardPage):
             f"{self.done_count} of {self.total} candidates · {elapsed:.0f} s of about {wait:.0f} s"
         )
         if self.disturbed_count:
-            text += (
-                f" · {self.disturbed_count} measured unsteadily (other programs busy, or "
-                "repeats that disagreed): they may read low; point at a bar for why"
-            )
+            text += " · " + unsteady_count_text(self.disturbed_count)
         if elapsed > wait and not self.stopping:
             text += " · time is up: finishing the candidate, then checking the winner's context"
         self.detail.setText(text)
