@@ -400,16 +400,20 @@ FLASH_RESOLVED = re.compile(r"Flash Attention (enabled|disabled)")
 
 
 def settings_run(binary: Path, model: Path, flags: Sequence[str]) -> dict[str, Any]:
-    """The settings llama-bench reports running `flags` at, with its "auto" flash attention
-    resolved as llama.cpp logged it (-v) and GPU layers left out on a CPU-only build."""
+    """The settings llama-bench reports running `flags` at (`settings_of`)."""
     command = [str(binary), "-m", str(model), "-o", "json", "-v", "-p", "0", "-n", "1", "-r", "1"]
     command += flags
     done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"llama-bench failed ({' '.join(command)}):\n{done.stderr[-2000:]}")
-    row = json.loads(done.stdout)[0]
+    return settings_of(json.loads(done.stdout)[0], done.stderr)
+
+
+def settings_of(row: Mapping[str, Any], log: str) -> dict[str, Any]:
+    """A llama-bench row's settings, less its measurements; "auto" flash attention (-1) as
+    llama.cpp's `-v` log resolved it, and no GPU layers on a CPU-only build."""
     settings = {key: value for key, value in row.items() if key not in MEASURED_FIELDS}
-    if settings.get("flash_attn") == -1 and (logged := FLASH_RESOLVED.search(done.stderr)):
+    if settings.get("flash_attn") == -1 and (logged := FLASH_RESOLVED.search(log)):
         settings["flash_attn"] = int(logged.group(1) == "enabled")
     if settings.get("backends") == "CPU":
         settings.pop("n_gpu_layers", None)

@@ -598,3 +598,26 @@ def test_realistic_models_measures_again_only_a_best_that_is_not_the_pick(tmp_pa
     missing = tmp_path / "no-llama-bench"  # would fail if anything were run
     assert bench.pick_over_best_again(missing, tmp_path / "m.gguf", point, point, sizes) is None
     assert bench.pick_over_best_again(missing, tmp_path / "m.gguf", point, None, sizes) is None
+
+
+def test_realistic_models_reads_llama_benchs_own_settings_with_auto_resolved() -> None:
+    """llama-bench's rows on the 2-core EPYC (SmolLM2 Q4_1, tg8): no flag reports flash
+    attention -1 (auto) and GPU layers -1; `-t 2 -fa 1 -b 2048 -ub 512 -ctk f16 -ctv f16
+    -ngl 999` reports 1 and 999; llama.cpp's -v log says how auto resolved."""
+    bench = benchmark("realistic_models")
+    row = {"backends": "CPU", "n_threads": 2, "n_batch": 2048, "n_ubatch": 512,
+           "type_k": "f16", "type_v": "f16", "flash_attn": -1, "n_gpu_layers": -1,
+           "n_gen": 8, "avg_ts": 113.95, "samples_ts": [113.952],
+           "test_time": "12:49:31"}  # fmt: skip
+    explicit = {**row, "flash_attn": 1, "n_gpu_layers": 999, "avg_ts": 86.27}
+    enabled = "llama_context: flash_attn = auto\nresolve_fused_ops: Flash Attention enabled\n"
+    assert bench.settings_of(row, enabled) == bench.settings_of(explicit, "")
+    assert "avg_ts" not in bench.settings_of(row, enabled)
+    disabled = enabled.replace("enabled", "disabled")
+    assert bench.settings_of(row, disabled) != bench.settings_of(explicit, "")
+    assert bench.settings_of(row, "") != bench.settings_of(explicit, "")  # auto unresolved
+    assert bench.settings_of({**row, "n_threads": 1}, enabled) != bench.settings_of(explicit, "")
+    on_gpu = {**row, "backends": "CUDA"}  # GPU layers matter there
+    assert bench.settings_of(on_gpu, enabled) != bench.settings_of(
+        {**explicit, "backends": "CUDA"}, ""
+    )
