@@ -7,7 +7,9 @@ with 1 (issue 32). A desktop is rarely idle, so while a reply is written the gov
 every `CHECK_S`, at the CPU time other programs used since its last look (all the CPU time
 spent minus this process's, and minus programs at a lower priority than ours) and sets the
 threads to the cores they leave: the loaded settings' count less each core they kept at least
-`TAKEN_SHARE` busy, never below one. When they stop, the next look gives the threads back.
+`TAKEN_SHARE` busy, never below one. A core comes back once they keep it less than
+`FREED_SHARE` busy: a busy program that merely had a slow half-second (the test's busy
+loop once did, beside the niced test lane) keeps its core, and threads never flap at the line.
 `llama_set_n_threads` changes them between two decode calls, at no cost.
 """
 
@@ -28,6 +30,7 @@ FIRST_LOOK_S = 0.1  # a reply's first look: the kernel counts CPU time in 10 ms 
 # Another program keeping a core at least this busy takes it: our own threads, spinning at
 # every layer, leave it only part of a core while they run beside it.
 TAKEN_SHARE = 0.5
+FREED_SHARE = 0.25  # below this a taken core is free again
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ def threads_left(configured: int, busy_cores: float, cores: int) -> int:
     return max(1, min(configured, cores - taken))
 
 
+def next_count(current: int, at_once: int, once_clearly_free: int) -> int:
+    """Fewer threads as soon as a core is taken; more only once it is clearly free."""
+    return at_once if at_once <= current else max(current, once_clearly_free)
+
+
 class ThreadGovernor:
     """Keeps an engine's decode and prompt threads to the cores other programs leave."""
 
@@ -93,14 +101,22 @@ class ThreadGovernor:
         self._last = now
         if busy is None or not self.enabled:
             return self.current
+        at_once = self._threads_for(busy)
+        once_clearly_free = self._threads_for(busy + TAKEN_SHARE - FREED_SHARE)
         wanted = (
-            threads_left(self.decode_threads, busy, self._cores),
-            threads_left(self.batch_threads, busy, self._cores),
+            next_count(self.current[0], at_once[0], once_clearly_free[0]),
+            next_count(self.current[1], at_once[1], once_clearly_free[1]),
         )
         if wanted != self.current:
             self._apply(*wanted)
             self.current = wanted
         return self.current
+
+    def _threads_for(self, busy_cores: float) -> tuple[int, int]:
+        return (
+            threads_left(self.decode_threads, busy_cores, self._cores),
+            threads_left(self.batch_threads, busy_cores, self._cores),
+        )
 
     def restore(self) -> None:
         """Back to the loaded settings' threads (a timed benchmark measures those)."""

@@ -72,6 +72,24 @@ def test_the_threads_follow_the_machine_and_come_back() -> None:
     assert applied == [(1, 1), (2, 2)]  # set only when it changes
 
 
+def test_a_slow_half_second_of_a_busy_program_does_not_give_its_core_back() -> None:
+    times = iter(
+        [
+            CpuTimes(0.0, 0.0, 0.0),
+            CpuTimes(1.0, 2.0, 1.2),  # others 0.8 core: taken
+            CpuTimes(2.0, 3.4, 2.2),  # 0.4: a lull, still busy
+            CpuTimes(3.0, 5.3, 3.1),  # 1.0
+            CpuTimes(4.0, 7.3, 5.1),  # 0.0: they stopped
+        ]
+    )
+    applied: list[tuple[int, int]] = []
+    governor = ThreadGovernor(
+        2, 2, lambda d, b: applied.append((d, b)), cores=2, clock=lambda: next(times)
+    )
+    assert [governor.look() for _ in range(4)] == [(1, 1), (1, 1), (1, 1), (2, 2)]
+    assert applied == [(1, 1), (2, 2)]
+
+
 def test_what_others_did_between_two_replies_does_not_count() -> None:
     times = iter(
         [
