@@ -29,6 +29,10 @@ UNITS = ("GB/s", "GFLOP/s", "tok/s")  # GB = 1e9 bytes
 NOT_MEASURED_NOTE = "not measured (install the `kernels` extra)"
 NO_GPU_NOTE = "no GPU"
 
+# A bandwidth's fastest kept repetition, in its unit: what the planner reads as RAM's speed
+# (`autotune.calibration_figures.ram_read_rate`).
+FASTEST_PARAM = "fastest_gb_s"
+
 WARMUP_S = 0.2
 TARGET_SPREAD = 0.05
 MIN_REPETITIONS = 3

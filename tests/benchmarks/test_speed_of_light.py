@@ -58,10 +58,10 @@ def test_the_calibration_line_says_when_its_repeats_varied() -> None:
     recorded = json.loads((FIXTURES / "sapphire-rapids-2core.json").read_text())
     quiet = CalibrationReport.from_dict(recorded["calibration"])
     assert light.calibration_summary(quiet) == (
-        "calibration: RAM read 30.9 GB/s; its repeats agreed"
+        "calibration: RAM read 30.9 GB/s (fastest repetition; median 30.9); its repeats agreed"
     )
     noisy = [replace(m, spread=0.4) for m in quiet.measurements]
     unsteady = light.calibration_summary(replace(quiet, measurements=noisy))
-    assert unsteady.startswith("calibration: RAM read 30.9 GB/s; UNSTEADY, ")
+    assert unsteady.startswith("calibration: RAM read 30.9 GB/s (fastest repetition; median 30.9)")
     assert "calibration measurements varied by more than" in unsteady
     assert unsteady.endswith("every prediction below may read low")

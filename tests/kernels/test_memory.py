@@ -66,7 +66,10 @@ def test_every_kernel_reports_plausible_bandwidth_on_one_and_all_cores(
         assert measurement.ok and measurement.kind == kind and measurement.device == "cpu"
         assert 1.0 < measurement.value < 500.0, measurement
         assert measurement.unit == "GB/s"
-        assert measurement.params == {"threads": threads, "array_bytes": arrays.nbytes}
+        params = dict(measurement.params)
+        fastest = params.pop("fastest_gb_s")  # STREAM's best rate
+        assert measurement.value <= fastest <= measurement.value * (1 + measurement.spread)
+        assert params == {"threads": threads, "array_bytes": arrays.nbytes}
         assert measurement.repetitions >= 3
 
 
