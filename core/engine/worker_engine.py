@@ -538,12 +538,15 @@ class WorkerEngine:
         self._log_reader.join(1.0)  # its last words
         if self._crash is None:
             self._crash = self._crash_error(returncode)
-            log.error(
-                "engine worker %s died: %s; llama.cpp's last lines:\n%s",
-                self.pid,
-                self._crash.cause,
-                "\n".join(self._crash.native_lines[-NATIVE_LINES_SHOWN:]) or "(none)",
-            )
+            if returncode == -signal.SIGTERM:  # asked to end (a tuning budget's deadline)
+                log.warning("engine worker %s was stopped by SIGTERM", self.pid)
+            else:
+                log.error(
+                    "engine worker %s died: %s; llama.cpp's last lines:\n%s",
+                    self.pid,
+                    self._crash.cause,
+                    "\n".join(self._crash.native_lines[-NATIVE_LINES_SHOWN:]) or "(none)",
+                )
         self._fail_all(self._crash)
 
     def _crash_error(self, returncode: int | None) -> EngineCrashedError:

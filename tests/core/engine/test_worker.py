@@ -4,6 +4,7 @@ end the reply with a typed error, the service restarts the worker and serves the
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import signal
@@ -112,6 +113,20 @@ def test_a_signal_mid_reply_ends_it_with_a_typed_error(
     assert crash.value.native_lines  # llama.cpp's log lines, kept for the crash report
     with pytest.raises(EngineCrashedError):
         worker.tokenize("hello")  # a dead worker says so at once, it does not hang
+
+
+def test_a_worker_stopped_on_purpose_is_no_crash_in_the_log(
+    worker: WorkerEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tuning budget's deadline ends a candidate's worker with SIGTERM: the log says it was
+    stopped, where a crash would be an error the user's log calls "died"."""
+    _, on_text = kill_after_first_text(worker.pid, signal.SIGTERM)
+    with caplog.at_level(logging.WARNING), pytest.raises(EngineCrashedError):
+        worker.chat(STORY, LONG_REPLY, on_text=on_text)
+    said = [
+        (r.levelno, r.getMessage()) for r in caplog.records if "engine worker" in r.getMessage()
+    ]
+    assert said == [(logging.WARNING, f"engine worker {worker.pid} was stopped by SIGTERM")]
 
 
 @pytest.mark.parametrize("make_event", [CancelEvent, threading.Event])
