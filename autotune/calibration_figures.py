@@ -77,7 +77,7 @@ def ram_read_rate(read: Measurement) -> float:
     """A RAM read's GB/s for the planner: its fastest kept repetition, as STREAM reports its
     best rate. Another program only ever slows a pass down, so the fastest is the nearest to
     what RAM delivers a decode: a calibration disturbed by a few minutes of other work read a
-    median 24.7 GB/s where quiet ones read 29.5-33.8, and its 8B prediction fell to 0.75x
+    median 24.7 GB/s where quiet ones read 29.5-34.5, and its 8B prediction fell to 0.75x
     llama-bench. A report from before the fastest was kept gives its median."""
     return float(read.params.get(FASTEST_PARAM) or read.value)
 

@@ -73,7 +73,7 @@ def test_the_best_figures_become_the_planners_inputs() -> None:
 
 def test_ram_reads_at_its_fastest_repetition_when_other_programs_slowed_some() -> None:
     """Recorded on the 2-core Zen 4 VM: a calibration run while other work started had its
-    2-thread read's median at 24.7 GB/s (repetitions 20% apart); quiet ones read 29.5-33.8."""
+    2-thread read's median at 24.7 GB/s (repetitions 20% apart); quiet ones read 29.5-34.5."""
     disturbed = [
         measurement("memory_read", 19.8, "GB/s", threads=1, fastest_gb_s=22.9),
         measurement("memory_read", 24.7, "GB/s", threads=2, fastest_gb_s=29.6),
