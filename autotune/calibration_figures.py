@@ -52,10 +52,11 @@ def no_work(_model_path: object) -> dict[str, Any]:
 
 
 def planner_figures(report: CalibrationReport, work_of: WorkOf = no_work) -> dict[str, float]:
-    """cpu_read_bytes_per_s (all threads), cpu_flops (the best fp32 GEMM),
-    disk_read_bytes_per_s (cold) and disk_fault_read_bytes_per_s (cold, by page faults), the
-    engine's costs against them (`engine_efficiency`) and how its speed follows the thread
-    count (`thread_figures`), from whatever the report measured successfully."""
+    """cpu_read_bytes_per_s (all threads, at the fastest repetition: `ram_read_rate`),
+    cpu_flops (the best fp32 GEMM), disk_read_bytes_per_s (cold) and
+    disk_fault_read_bytes_per_s (cold, by page faults), the engine's costs against them
+    (`engine_efficiency`) and how its speed follows the thread count (`thread_figures`), from
+    whatever the report measured successfully."""
     figures: dict[str, float] = {}
     reads = report.measured("memory_read", "cpu")
     if reads:
